@@ -1,0 +1,5 @@
+import sys
+
+from benchcal.cli import main
+
+sys.exit(main())

@@ -1,0 +1,202 @@
+"""Prediction commands: predict, leaderboard, matrix, recommend, models, gpus."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from predictor.devices import Device, cpu_device, load_devices, resolve_device
+
+from predictor.coefficients import Coefficients, default_coefficients_path, load_coefficients
+from predictor.errors import BenchcalError, positive
+from predictor.estimate import predict, resolve_engine
+from predictor.models import load_catalogue, resolve_model
+from predictor.render import FORMATS, render
+from predictor.reports import (
+    catalogue_devices_report,
+    catalogue_models_report,
+    leaderboard_report,
+    matrix_report,
+    predict_report,
+    recommend_report,
+)
+
+RAW = argparse.RawDescriptionHelpFormatter
+
+
+def _add_common(p: argparse.ArgumentParser, *, gpu: bool = True, quant: bool = True, ctx: bool = True) -> None:
+    p.add_argument("--model", required=True, help="catalogue id (qwen2.5-72b), HF id, config.json, HF dir or .gguf")
+    if gpu:
+        p.add_argument("--gpu", required=True, help="device id or NVML name (l4, h100-sxm, 'NVIDIA GeForce RTX 4090'), or cpu")
+    if quant:
+        p.add_argument("--quant", default=None, help="Q4_K_M, Q8_0, F16, BF16, FP8, AWQ, ... (default: the GGUF's "
+                       "own, else Q4_K_M for llama.cpp / BF16 for vLLM)")
+    if ctx:
+        p.add_argument("--ctx", type=int, default=8192, help="context length in tokens (default 8192)")
+    p.add_argument("--engine", default="llama.cpp", help="llama.cpp or vllm (default llama.cpp)")
+    p.add_argument("--coefficients", default=None, help="coefficients.json from `benchcal calibrate` (default: "
+                   "calibration/coefficients.json when present, else engine defaults)")
+    p.add_argument("--defaults", action="store_true", help="ignore calibrated coefficients; use engine defaults")
+    p.add_argument("--cpu-bw-gbs", type=float, default=None, help="host memory bandwidth, GB/s (default: measured)")
+    p.add_argument("--cpu-tflops", type=float, default=None, help="host compute, TFLOPS (default: measured)")
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    p.add_argument("--output", "-o", default=None, help="write to FILE instead of stdout")
+
+
+def _table(args) -> Coefficients:
+    if getattr(args, "defaults", False):
+        return Coefficients()
+    return load_coefficients(args.coefficients or default_coefficients_path())
+
+
+def host_device(args) -> Device:
+    """The host CPU as a device: bandwidth and FLOPS from flags, else from the harness's microbenchmark."""
+    bw, tflops = getattr(args, "cpu_bw_gbs", None), getattr(args, "cpu_tflops", None)
+    import psutil
+
+    mem_gib = psutil.virtual_memory().total / 2**30
+    if bw is None or tflops is None:
+        from harness.hostbench import host_profile
+
+        prof = host_profile()
+        bw = bw or prof["bandwidth_gbs"]
+        tflops = tflops or prof["fp32_gflops"] / 1000.0
+    positive("--cpu-bw-gbs", bw)
+    positive("--cpu-tflops", tflops)
+    return cpu_device(bandwidth_gbs=bw, tflops=tflops, memory_gib=mem_gib)
+
+
+def resolve_gpu(args) -> Device:
+    if args.gpu.strip().lower() == "cpu":
+        return host_device(args)
+    return resolve_device(args.gpu)
+
+
+def emit(text: str, args) -> None:
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def cmd_predict(args) -> int:
+    table = _table(args)
+    dev = resolve_gpu(args)
+    est = predict(
+        resolve_model(args.model), dev, args.quant, args.ctx, args.engine,
+        prompt_tokens=args.prompt, batch=args.batch, kv_dtype=args.kv_dtype, device_count=args.gpus,
+        offload_fraction=args.offload, flash_attn=not args.no_flash_attn, n_ubatch=args.n_ubatch,
+        coefficients=table, host_bandwidth_gbs=args.host_bw_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else None),
+        host_memory_gib=args.host_mem_gib,
+    )
+    emit(render(predict_report(est, table), args.format), args)
+    return 0
+
+
+def cmd_leaderboard(args) -> int:
+    engine = resolve_engine(args.engine)
+    rep = leaderboard_report(resolve_model(args.model), args.quant or ("Q4_K_M" if engine == "llama.cpp" else "AWQ"),
+                             positive("--ctx", args.ctx), engine, table=_table(args),
+                             prompt_tokens=positive("--prompt", args.prompt), kv_dtype=args.kv_dtype,
+                             batch=positive("--batch", args.batch))
+    emit(render(rep, args.format), args)
+    return 0
+
+
+def cmd_matrix(args) -> int:
+    engine = resolve_engine(args.engine)
+    arch = resolve_model(args.model)
+    contexts = None
+    if args.contexts:
+        try:
+            contexts = [int(x) for x in args.contexts.split(",")]
+        except ValueError:
+            raise BenchcalError(f"--contexts takes comma-separated integers, got '{args.contexts}'") from None
+        for c in contexts:
+            positive("--contexts", c)
+    rep = matrix_report(arch, resolve_gpu(args), engine, contexts=contexts, table=_table(args),
+                        device_count=positive("--gpus", args.gpus), kv_dtype=args.kv_dtype)
+    emit(render(rep, args.format), args)
+    return 0
+
+
+def cmd_recommend(args) -> int:
+    engine = resolve_engine(args.engine)
+    arch = resolve_model(args.model)
+    positive("--ctx", args.ctx)
+    if args.ctx > arch.max_context:
+        raise BenchcalError(f"context {args.ctx} is above {arch.id}'s maximum of {arch.max_context} tokens")
+    if args.budget is not None:
+        positive("--budget", args.budget)
+    rep = recommend_report(arch, args.ctx, args.quant, engine, min_decode=args.min_decode or 0.0,
+                           budget_usd=args.budget, table=_table(args))
+    emit(render(rep, args.format), args)
+    return 0
+
+
+def cmd_models(args) -> int:
+    emit(render(catalogue_models_report(load_catalogue()), args.format), args)
+    return 0
+
+
+def cmd_gpus(args) -> int:
+    emit(render(catalogue_devices_report(load_devices()), args.format), args)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("predict", help="memory breakdown, fit verdict, decode/prefill/TTFT, launch commands",
+                       formatter_class=RAW, epilog="example:\n  benchcal predict --model qwen2.5-72b --gpu l4 "
+                       "--quant Q4_K_M --ctx 8192\n  benchcal predict --model qwen2.5-72b --gpu h200 --ctx 32768 "
+                       "--format json")
+    _add_common(p)
+    p.add_argument("--prompt", type=int, default=4096, help="prompt length for TTFT, tokens (default 4096)")
+    p.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
+    p.add_argument("--kv-dtype", default=None, help="f16, bf16, q8_0, q4_0 (llama.cpp); bf16, fp8 (vLLM)")
+    p.add_argument("--gpus", type=int, default=1, help="number of devices (tensor parallel for vLLM, layer split "
+                   "for llama.cpp)")
+    p.add_argument("--offload", type=float, default=0.0, help="fraction of layers kept in host RAM (0-1)")
+    p.add_argument("--no-flash-attn", action="store_true", help="predict with flash attention off")
+    p.add_argument("--n-ubatch", type=int, default=512, help="llama.cpp physical batch (default 512)")
+    p.add_argument("--host-bw-gbs", type=float, default=None, help="host RAM bandwidth for offloaded layers, GB/s")
+    p.add_argument("--host-mem-gib", type=float, default=None, help="host RAM available for offload, GiB (default 64)")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("leaderboard", help="every device: status, total/usable, decode, TTFT, max safe context",
+                       formatter_class=RAW, epilog="example:\n  benchcal leaderboard --model qwen2.5-72b --quant Q4_K_M "
+                       "--ctx 32768")
+    _add_common(p, gpu=False)
+    p.add_argument("--prompt", type=int, default=4096, help="prompt length for TTFT, tokens (default 4096)")
+    p.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
+    p.add_argument("--kv-dtype", default=None, help="KV cache type")
+    p.set_defaults(func=cmd_leaderboard)
+
+    p = sub.add_parser("matrix", help="quantization x context matrix for one device", formatter_class=RAW,
+                       epilog="example:\n  benchcal matrix --model qwen2.5-72b --gpu rtx-pro-6000")
+    _add_common(p, quant=False, ctx=False)
+    p.add_argument("--contexts", default=None, help="comma-separated contexts (default 4K..model maximum)")
+    p.add_argument("--gpus", type=int, default=1, help="number of devices")
+    p.add_argument("--kv-dtype", default=None, help="KV cache type")
+    p.set_defaults(func=cmd_matrix)
+
+    p = sub.add_parser("recommend", help="best single GPU, best value, unified memory, multi-GPU, cloud",
+                       formatter_class=RAW, epilog="example:\n  benchcal recommend --model qwen2.5-72b --ctx 32768 "
+                       "--min-decode 20 --budget 10000")
+    _add_common(p, gpu=False)
+    p.add_argument("--min-decode", type=float, default=None, help="minimum decode speed, tok/s")
+    p.add_argument("--budget", type=float, default=None, help="maximum purchase price, USD")
+    p.set_defaults(func=cmd_recommend)
+
+    p = sub.add_parser("models", help="list the model catalogue", formatter_class=RAW,
+                       epilog="example:\n  benchcal models --format md")
+    p.add_argument("--format", choices=FORMATS, default="table")
+    p.add_argument("--output", "-o", default=None)
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("gpus", help="list the device catalogue", formatter_class=RAW,
+                       epilog="example:\n  benchcal gpus --format json")
+    p.add_argument("--format", choices=FORMATS, default="table")
+    p.add_argument("--output", "-o", default=None)
+    p.set_defaults(func=cmd_gpus)

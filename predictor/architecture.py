@@ -1,0 +1,568 @@
+"""Model architecture: the shape numbers the predictor needs, derived from a config or a GGUF header.
+
+:class:`ModelArch` is built three ways:
+
+- :func:`from_hf_config` counts parameters from Hugging Face ``config.json`` fields (embeddings, tied or
+  not; GQA or MLA attention with the biases and norms each family has; gated MLPs; MoE routed and shared
+  experts with their router; dense layers before the MoE ones; norms).
+- :func:`from_gguf` reads a GGUF header (memory-mapped, no weights loaded): parameters are the exact sum
+  of tensor element counts and ``weights_bytes_exact`` the exact sum of tensor bytes.
+- :func:`from_hf_dir` is :func:`from_hf_config` plus exact checkpoint bytes from the safetensors index or
+  the safetensors headers.
+
+Units: parameters are counts of weights; KV "elements" are cached scalars per token (multiply by the
+KV dtype's bytes per element); attention FLOPs are per query token per attended position.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from predictor.errors import BenchcalError
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """One model's architecture and parameter counts.
+
+    ``params_active`` is the number of parameters whose weights are read to produce one token: every
+    parameter except the routed experts that are not selected (E - k of E per MoE layer), except the
+    input-embedding table (a lookup reads one row, counted as 0), and except ``params_extra`` (a vision
+    tower is not read per generated token). The LM head is included, tied or not: a tied table is read
+    in full as the output projection. For a dense untied model that is ``params_total - params_embedding``;
+    for a dense tied one it is ``params_total``. Published "active" figures usually count the
+    embedding table too; see :attr:`params_active_published_style`.
+
+    ``params_extra`` counts parameters outside the language model that the published checkpoint holds
+    (the Gemma 3 vision tower); they are in ``params_total`` (resident) but in no other count.
+    """
+
+    id: str
+    name: str
+    hf_id: str | None
+    source: str
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_context: int
+    tie_embeddings: bool
+    attention: str
+    kv_elements_per_token_full: int
+    kv_elements_per_token_window: int
+    sliding_window: int | None
+    attn_flops_per_position_full: int
+    attn_flops_per_position_window: int
+    num_experts: int
+    experts_per_token: int
+    params_total: int
+    params_active: int
+    params_embedding: int
+    params_output: int
+    params_expert: int
+    published_params_b: float | None
+    published_params_source: str | None
+    weights_bytes_exact: int | None
+    weights_quant: str | None
+    params_extra: int = 0
+
+    def kv_elements_per_token(self, context: Any) -> Any:
+        """KV elements one sequence holds at a context of ``context`` tokens (S):
+        ``kv_elements_per_token_full * S + kv_elements_per_token_window * min(S, sliding_window)``.
+        Multiply by bytes per element and batch for bytes. An int gives an int; an array, an array."""
+        window = self.sliding_window or 0
+        if isinstance(context, (int, np.integer)):
+            return int(self.kv_elements_per_token_full * context
+                       + self.kv_elements_per_token_window * min(int(context), window))
+        s = np.asarray(context)
+        return self.kv_elements_per_token_full * s + self.kv_elements_per_token_window * np.minimum(s, window)
+
+    def attn_flops_per_token(self, context: Any) -> Any:
+        """Attention FLOPs (QK^T + AV) for one query token that attends to ``context`` positions."""
+        window = self.sliding_window or 0
+        s = np.asarray(context)
+        flops = self.attn_flops_per_position_full * s + self.attn_flops_per_position_window * np.minimum(s, window)
+        return int(flops) if np.ndim(flops) == 0 else flops
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.attention == "mla"
+
+    @property
+    def params_non_layer(self) -> int:
+        """Parameters outside the repeating layers: embeddings, LM head, final norm, ``params_extra``."""
+        return self.params_embedding + self.params_output + self.params_extra + self.hidden_size
+
+    @property
+    def params_per_layer(self) -> float:
+        """Mean parameters of one repeating layer (attention + MLP/MoE + norms)."""
+        return (self.params_total - self.params_non_layer) / self.num_layers
+
+    @property
+    def params_active_published_style(self) -> int:
+        """Active parameters the way model cards usually count them: ``params_active`` plus the
+        input-embedding table (minus the LM head once more when tied, since the table is one tensor)."""
+        return self.params_active + (0 if self.tie_embeddings else self.params_embedding)
+
+    @property
+    def params_total_b(self) -> float:
+        return self.params_total / 1e9
+
+    @property
+    def display(self) -> str:
+        """``name (id)`` for tables and messages."""
+        return f"{self.name} ({self.id})"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hugging Face config.json
+
+
+# Defaults of transformers' config classes for fields that published configs omit.
+# Gemma3TextConfig: https://github.com/huggingface/transformers/blob/v4.50.0/src/transformers/models/gemma3/configuration_gemma3.py
+_CONFIG_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {
+        "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072,
+        "tie_word_embeddings": True, "sliding_window": 4096, "sliding_window_pattern": 6,
+    },
+}
+
+# Families whose transformers implementation hard-codes biases on q/k/v (not o).
+_QKV_BIAS_TYPES = {"qwen2", "qwen2_moe", "qwen2_vl"}
+# Families with per-head RMSNorm on q and k (weights of head_dim each).
+_QK_NORM_TYPES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"}
+# Families with four norms per layer (pre/post attention, pre/post MLP).
+_FOUR_NORM_TYPES = {"gemma2", "gemma3", "gemma3_text"}
+# Families whose tie_word_embeddings defaults to True when the config omits it.
+_TIED_BY_DEFAULT_TYPES = {"gemma", "gemma2", "gemma3", "gemma3_text"}
+# Interleaved sliding-window families: every Nth layer is full attention (transformers' default N).
+_SWA_PATTERN_DEFAULTS = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+# Families that apply ``sliding_window`` to all layers when set.
+_ALL_LAYER_SWA_TYPES = {"mistral", "mixtral", "phi3", "starcoder2"}
+# Families whose sliding window starts at layer ``max_window_layers`` when ``use_sliding_window``.
+_QWEN_SWA_TYPES = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
+
+
+def _language_config(cfg: dict) -> dict:
+    """The language-model fields: ``text_config`` merged over the top level for multimodal configs,
+    with transformers' class defaults filling fields the published file omits."""
+    text = cfg.get("text_config")
+    merged = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}
+    if isinstance(text, dict):
+        merged.update(text)
+    defaults = _CONFIG_CLASS_DEFAULTS.get(str(merged.get("model_type", "")), {})
+    return {**defaults, **merged}
+
+
+class _Fields:
+    """Typed access to one config dict; a missing required field raises a BenchcalError naming it."""
+
+    def __init__(self, cfg: dict, source: str):
+        self.cfg = cfg
+        self.source = source
+
+    def need(self, key: str) -> int:
+        value = self.cfg.get(key)
+        if value is None:
+            raise BenchcalError(f"config.json at {self.source} is missing field '{key}'")
+        return int(value)
+
+    def get(self, *keys: str, default: Any = None) -> Any:
+        for key in keys:
+            if self.cfg.get(key) is not None:
+                return self.cfg[key]
+        return default
+
+
+def _sliding_layers(f: _Fields, model_type: str, num_layers: int) -> list[bool]:
+    """Per layer: True when the layer uses sliding-window attention."""
+    layer_types = f.get("layer_types")
+    if isinstance(layer_types, list) and len(layer_types) == num_layers:
+        return [t == "sliding_attention" for t in layer_types]
+    if not f.get("sliding_window"):
+        return [False] * num_layers
+    if model_type in _SWA_PATTERN_DEFAULTS:
+        pattern = int(f.get("sliding_window_pattern", default=_SWA_PATTERN_DEFAULTS[model_type]))
+        return [(i + 1) % pattern != 0 for i in range(num_layers)]
+    if model_type in _QWEN_SWA_TYPES:
+        if not f.get("use_sliding_window", default=False):
+            return [False] * num_layers
+        first = int(f.get("max_window_layers", default=num_layers))
+        return [i >= first for i in range(num_layers)]
+    if model_type in _ALL_LAYER_SWA_TYPES and f.get("use_sliding_window", default=True):
+        return [True] * num_layers
+    return [False] * num_layers
+
+
+def gated_mlp_params(hidden_size: int, intermediate_size: int, bias: bool = False) -> int:
+    """Gate, up and down projections of a gated (SwiGLU/GeGLU) MLP."""
+    return 3 * hidden_size * intermediate_size + ((2 * intermediate_size + hidden_size) if bias else 0)
+
+
+def gqa_attention_params(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
+                         qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False,
+                         sinks: bool = False) -> int:
+    """q, k, v, o projections of grouped-query attention plus the optional biases, q/k norms and sinks."""
+    q, kv = num_heads * head_dim, num_kv_heads * head_dim
+    weights = hidden_size * q + 2 * hidden_size * kv + q * hidden_size
+    biases = (q + 2 * kv if qkv_bias else 0) + (hidden_size if o_bias else 0)
+    return weights + biases + (2 * head_dim if qk_norm else 0) + (num_heads if sinks else 0)
+
+
+def mla_attention_params(hidden_size: int, num_heads: int, q_lora_rank: int | None, kv_lora_rank: int,
+                         qk_nope_head_dim: int, qk_rope_head_dim: int, v_head_dim: int) -> int:
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank q and kv projections, their norms, o_proj."""
+    qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
+    if q_lora_rank:
+        q = hidden_size * q_lora_rank + q_lora_rank + q_lora_rank * num_heads * qk_head_dim
+    else:
+        q = hidden_size * num_heads * qk_head_dim
+    kv_a = hidden_size * (kv_lora_rank + qk_rope_head_dim) + kv_lora_rank
+    kv_b = kv_lora_rank * num_heads * (qk_nope_head_dim + v_head_dim)
+    return q + kv_a + kv_b + num_heads * v_head_dim * hidden_size
+
+
+def _moe_layers(f: _Fields, model_type: str, num_layers: int, num_experts: int) -> list[bool]:
+    """Per layer: True when the layer's MLP is a routed mixture of experts."""
+    if not num_experts:
+        return [False] * num_layers
+    if f.get("n_routed_experts") is not None:  # DeepSeek-V2/V3
+        first_dense = int(f.get("first_k_dense_replace", default=0))
+        freq = int(f.get("moe_layer_freq", default=1))
+        return [i >= first_dense and i % freq == 0 for i in range(num_layers)]
+    if model_type.startswith("qwen") and model_type.endswith("_moe"):
+        step = int(f.get("decoder_sparse_step", default=1))
+        dense = set(f.get("mlp_only_layers", default=[]))
+        return [i not in dense and (i + 1) % step == 0 for i in range(num_layers)]
+    return [True] * num_layers
+
+
+def _moe_layer_params(f: _Fields, model_type: str, hidden: int, num_experts: int) -> tuple[int, int]:
+    """(routed expert parameters, shared experts + router parameters) of one MoE layer."""
+    expert_size = int(f.get("moe_intermediate_size", default=0) or f.need("intermediate_size"))
+    expert_bias = model_type == "gpt_oss"
+    routed = num_experts * gated_mlp_params(hidden, expert_size, bias=expert_bias)
+    router = hidden * num_experts
+    if model_type == "gpt_oss" or f.get("topk_method") == "noaux_tc":
+        router += num_experts  # router bias / e_score_correction_bias
+    shared = 0
+    if f.get("n_shared_experts"):
+        shared = gated_mlp_params(hidden, expert_size * int(f.get("n_shared_experts")))
+    elif f.get("shared_expert_intermediate_size"):
+        shared = gated_mlp_params(hidden, int(f.get("shared_expert_intermediate_size"))) + hidden
+    return routed, shared + router
+
+
+def from_hf_config(cfg: dict, *, id: str, name: str | None = None, hf_id: str | None = None, source: str,
+                   published_params_b: float | None = None, published_params_source: str | None = None,
+                   params_extra: int = 0, weights_bytes_exact: int | None = None,
+                   weights_quant: str | None = None) -> ModelArch:
+    """Derive a :class:`ModelArch` from a Hugging Face ``config.json`` dict (multimodal configs: the
+    ``text_config`` language model; ``params_extra`` adds parameters outside it to ``params_total``).
+
+    DeepSeek-V3's multi-token-prediction layer (``num_nextn_predict_layers``) is not counted: it is
+    not part of the main model and engines do not load it unless speculative decoding asks for it.
+    """
+    if not isinstance(cfg, dict):
+        raise BenchcalError(f"config.json at {source} is not a JSON object")
+    model_type = str(cfg.get("model_type") or _language_config(cfg).get("model_type") or "unknown")
+    lang = _language_config(cfg)
+    text_type = str(lang.get("model_type") or model_type)
+    f = _Fields(lang, source)
+
+    layers, hidden, heads = f.need("num_hidden_layers"), f.need("hidden_size"), f.need("num_attention_heads")
+    vocab, max_context = f.need("vocab_size"), f.need("max_position_embeddings")
+    intermediate = f.need("intermediate_size")
+    kv_heads = int(f.get("num_key_value_heads", default=heads))
+    tied = bool(f.get("tie_word_embeddings", default=text_type in _TIED_BY_DEFAULT_TYPES))
+    num_experts = int(f.get("num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
+    experts_per_token = int(f.get("num_experts_per_tok", "experts_per_token", default=0) or 0) if num_experts else 0
+    if num_experts and not experts_per_token:
+        raise BenchcalError(f"config.json at {source} is missing field 'num_experts_per_tok'")
+
+    mla = f.get("kv_lora_rank") is not None
+    if mla:
+        kv_lora, rope = f.need("kv_lora_rank"), f.need("qk_rope_head_dim")
+        nope, v_dim = f.need("qk_nope_head_dim"), f.need("v_head_dim")
+        head_dim = nope + rope
+        attn = mla_attention_params(hidden, heads, f.get("q_lora_rank"), kv_lora, nope, rope, v_dim)
+        kv_per_layer = kv_lora + rope
+        flops_per_layer = 2 * heads * head_dim + 2 * heads * v_dim
+    else:
+        head_dim = int(f.get("head_dim", default=hidden // heads))
+        bias = bool(f.get("attention_bias", default=False))
+        attn = gqa_attention_params(
+            hidden, heads, kv_heads, head_dim, qkv_bias=bias or text_type in _QKV_BIAS_TYPES, o_bias=bias,
+            qk_norm=text_type in _QK_NORM_TYPES, sinks=text_type == "gpt_oss")
+        kv_per_layer = 2 * kv_heads * head_dim
+        flops_per_layer = 4 * heads * head_dim
+
+    norms = (4 if text_type in _FOUR_NORM_TYPES else 2) * hidden
+    moe_flags = _moe_layers(f, text_type, layers, num_experts)
+    routed, moe_rest = _moe_layer_params(f, text_type, hidden, num_experts) if num_experts else (0, 0)
+    dense_mlp = gated_mlp_params(hidden, intermediate, bias=bool(f.get("mlp_bias", default=False)))
+    n_moe = sum(moe_flags)
+    layer_params = layers * (attn + norms) + n_moe * (routed + moe_rest) + (layers - n_moe) * dense_mlp
+
+    embedding = vocab * hidden
+    output = 0 if tied else vocab * hidden
+    total = embedding + output + layer_params + hidden + params_extra
+    expert_params = n_moe * routed
+    unselected = expert_params - (expert_params * experts_per_token // num_experts if num_experts else 0)
+    active = total - params_extra - embedding - unselected + (embedding if tied else 0)
+
+    sliding = _sliding_layers(f, text_type, layers)
+    n_window = sum(sliding)
+    window = int(f.get("sliding_window")) if n_window else None
+    return ModelArch(
+        id=id, name=name or id, hf_id=hf_id, source=source, architecture=model_type,
+        num_layers=layers, hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads,
+        num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=vocab, max_context=max_context,
+        tie_embeddings=tied, attention="mla" if mla else "gqa",
+        kv_elements_per_token_full=(layers - n_window) * kv_per_layer,
+        kv_elements_per_token_window=n_window * kv_per_layer, sliding_window=window,
+        attn_flops_per_position_full=(layers - n_window) * flops_per_layer,
+        attn_flops_per_position_window=n_window * flops_per_layer,
+        num_experts=num_experts, experts_per_token=experts_per_token,
+        params_total=total, params_active=active, params_embedding=embedding, params_output=output,
+        params_expert=expert_params, published_params_b=published_params_b,
+        published_params_source=published_params_source, weights_bytes_exact=weights_bytes_exact,
+        weights_quant=weights_quant, params_extra=params_extra,
+    )
+
+
+def read_config_json(path: Path) -> dict:
+    """Load a config.json file; unreadable or malformed files raise BenchcalError."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BenchcalError(f"cannot read config.json at {path}: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise BenchcalError(f"config.json at {path} is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+    if not isinstance(data, dict):
+        raise BenchcalError(f"config.json at {path} is not a JSON object")
+    return data
+
+
+def _id_from_path(path: Path) -> str:
+    stem = path.name[: -len(".gguf")] if path.name.lower().endswith(".gguf") else path.name
+    return stem.lower().replace(" ", "-")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hugging Face model directory (config.json + safetensors)
+
+_TORCH_DTYPE_NAMES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float8_e4m3fn": "F8_E4M3"}
+
+
+def safetensors_header(path: Path) -> dict:
+    """The JSON header of a ``.safetensors`` file (reads the 8-byte length and the header only)."""
+    with open(path, "rb") as fh:
+        raw_len = fh.read(8)
+        if len(raw_len) != 8:
+            raise BenchcalError(f"{path} is not a safetensors file (shorter than 8 bytes)")
+        (header_len,) = struct.unpack("<Q", raw_len)
+        if header_len > 100_000_000:
+            raise BenchcalError(f"{path} is not a safetensors file (header length {header_len})")
+        try:
+            return json.loads(fh.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BenchcalError(f"{path} has an unreadable safetensors header") from exc
+
+
+def safetensors_bytes(paths: list[Path]) -> tuple[int, str | None]:
+    """(total tensor bytes, dtype holding most of them) over the given safetensors files."""
+    by_dtype: dict[str, int] = {}
+    for path in paths:
+        for name, info in safetensors_header(path).items():
+            if name == "__metadata__":
+                continue
+            start, end = info["data_offsets"]
+            by_dtype[info["dtype"]] = by_dtype.get(info["dtype"], 0) + int(end) - int(start)
+    total = sum(by_dtype.values())
+    return total, (max(by_dtype, key=by_dtype.__getitem__) if by_dtype else None)
+
+
+def _checkpoint_quant(cfg: dict) -> str | None:
+    quant = cfg.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method"):
+        return str(quant["quant_method"]).upper()
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or _language_config(cfg).get("torch_dtype")
+    return _TORCH_DTYPE_NAMES.get(str(dtype)) if dtype else None
+
+
+def from_hf_dir(path: str | Path) -> ModelArch:
+    """A local Hugging Face model directory: config.json plus exact weight bytes from
+    ``model.safetensors.index.json`` (``metadata.total_size``) or the ``*.safetensors`` headers.
+
+    The bytes are the checkpoint's as stored: a checkpoint that also stores a tied ``lm_head`` counts it,
+    although engines skip loading it when ``tie_word_embeddings`` is true."""
+    root = Path(path)
+    config_path = root / "config.json"
+    if not config_path.is_file():
+        raise BenchcalError(f"{root} has no config.json (expected a Hugging Face model directory)")
+    cfg = read_config_json(config_path)
+    exact, quant = None, _checkpoint_quant(cfg)
+    index = root / "model.safetensors.index.json"
+    shards = sorted(root.glob("*.safetensors"))
+    if index.is_file():
+        meta = read_config_json(index).get("metadata") or {}
+        exact = int(meta["total_size"]) if meta.get("total_size") else None
+    if exact is None and shards:
+        exact, dtype = safetensors_bytes(shards)
+        quant = quant if cfg.get("quantization_config") else (dtype or quant)
+    return from_hf_config(cfg, id=_id_from_path(root), name=root.name, source=str(config_path),
+                          weights_bytes_exact=exact, weights_quant=quant if exact else None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# GGUF
+
+# llama.cpp's default interleaved sliding-window layouts (src/models/<arch>.cpp load_swa_pattern, unless
+# the GGUF carries {arch}.attention.sliding_window_pattern; src/llama-hparams.cpp set_swa_pattern):
+# layer il is sliding when il % N < N - 1.
+_GGUF_SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2, "cohere2": 4}
+
+
+def _gguf_type_name(file_type: int | None) -> str | None:
+    """llama.cpp's LLAMA_FTYPE number -> "Q4_K_M", "F16", ... (names from gguf.LlamaFileType)."""
+    if file_type is None:
+        return None
+    import gguf
+
+    try:
+        name = gguf.LlamaFileType(int(file_type)).name
+    except ValueError:
+        return f"FTYPE_{file_type}"
+    for prefix in ("MOSTLY_", "ALL_"):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+class _GGUFMeta:
+    """Key/value access to a GGUF header via gguf.GGUFReader (the file is memory-mapped)."""
+
+    def __init__(self, path: Path):
+        try:
+            import gguf
+        except ImportError as exc:  # pragma: no cover - gguf is a dependency
+            raise BenchcalError("reading .gguf files needs the 'gguf' package (pip install gguf)") from exc
+        try:
+            self.reader = gguf.GGUFReader(str(path), "r")
+        except (ValueError, OSError, IndexError, struct.error) as exc:
+            raise BenchcalError(f"{path} is not a readable GGUF file: {exc}") from exc
+        self.path = path
+        self.arch = str(self.value("general.architecture") or "")
+        if not self.arch:
+            raise BenchcalError(f"GGUF {path} has no general.architecture")
+
+    def value(self, key: str) -> Any:
+        field = self.reader.get_field(key)
+        return None if field is None else field.contents()
+
+    def arch_value(self, suffix: str, default: Any = None) -> Any:
+        value = self.value(f"{self.arch}.{suffix}")
+        return default if value is None else value
+
+    def need(self, suffix: str) -> Any:
+        value = self.value(f"{self.arch}.{suffix}")
+        if value is None:
+            raise BenchcalError(f"GGUF {self.path} is missing metadata '{self.arch}.{suffix}'")
+        return value
+
+
+def _first_int(value: Any) -> int:
+    """Per-layer arrays (some GGUFs store head counts per layer) -> the largest entry."""
+    if isinstance(value, list):
+        return int(max(value)) if value else 0
+    return int(value)
+
+
+def _gguf_sliding_layers(meta: _GGUFMeta, num_layers: int) -> list[bool]:
+    pattern = meta.arch_value("attention.sliding_window_pattern")
+    if isinstance(pattern, list) and len(pattern) == num_layers:
+        return [bool(x) for x in pattern]
+    if not meta.arch_value("attention.sliding_window"):
+        return [False] * num_layers
+    n = int(pattern) if isinstance(pattern, int) else _GGUF_SWA_PATTERNS.get(meta.arch, 0)
+    return [n > 0 and i % n < n - 1 for i in range(num_layers)]
+
+
+def from_gguf(path: str | Path) -> ModelArch:
+    """A GGUF file: shape from ``{arch}.*`` metadata, parameters and bytes from the tensor table.
+
+    Only the header is parsed (the file is memory-mapped; tensor data is never read). For split GGUFs
+    pass the first part; its tensor table covers only that part.
+    """
+    path = Path(path)
+    meta = _GGUFMeta(path)
+    tensors = meta.reader.tensors
+    by_name = {t.name: t for t in tensors}
+    embd = by_name.get("token_embd.weight")
+    if embd is None:
+        raise BenchcalError(f"GGUF {path} has no token_embd.weight tensor")
+
+    layers = int(meta.need("block_count"))
+    hidden = int(meta.need("embedding_length"))
+    heads = _first_int(meta.need("attention.head_count"))
+    kv_heads = _first_int(meta.arch_value("attention.head_count_kv", heads))
+    head_dim = int(meta.arch_value("attention.key_length", hidden // heads))
+    value_dim = int(meta.arch_value("attention.value_length", head_dim))
+    vocab = int(embd.shape[1]) if len(embd.shape) > 1 else int(embd.n_elements) // hidden  # ne = [n_embd, n_vocab]
+    num_experts = int(meta.arch_value("expert_count", 0) or 0)
+    kv_lora = meta.arch_value("attention.kv_lora_rank")
+
+    if kv_lora:
+        rope = int(meta.arch_value("rope.dimension_count", 0))
+        qk_dim = int(meta.arch_value("attention.key_length_mla", head_dim))
+        v_dim = int(meta.arch_value("attention.value_length_mla", value_dim))
+        kv_per_layer, flops_per_layer = int(kv_lora) + rope, 2 * heads * (qk_dim + v_dim)
+        head_dim = qk_dim
+    else:
+        kv_per_layer, flops_per_layer = kv_heads * (head_dim + value_dim), 2 * heads * (head_dim + value_dim)
+
+    sliding = _gguf_sliding_layers(meta, layers)
+    n_window = sum(sliding)
+    total = sum(int(t.n_elements) for t in tensors)
+    embedding = int(embd.n_elements)
+    output = int(by_name["output.weight"].n_elements) if "output.weight" in by_name else 0
+    expert = sum(int(t.n_elements) for t in tensors if "_exps." in t.name)
+    k = int(meta.arch_value("expert_used_count", 0) or 0) if num_experts else 0
+    unselected = expert - (expert * k // num_experts if num_experts else 0)
+    tied = output == 0
+    name = meta.value("general.name")
+    return ModelArch(
+        id=_id_from_path(path), name=str(name) if name else path.stem, hf_id=None, source=str(path),
+        architecture=meta.arch, num_layers=layers, hidden_size=hidden,
+        intermediate_size=_first_int(meta.arch_value("feed_forward_length", 0)),
+        num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=vocab,
+        max_context=int(meta.arch_value("context_length", 0)), tie_embeddings=tied,
+        attention="mla" if kv_lora else "gqa",
+        kv_elements_per_token_full=(layers - n_window) * kv_per_layer,
+        kv_elements_per_token_window=n_window * kv_per_layer,
+        sliding_window=int(meta.arch_value("attention.sliding_window")) if n_window else None,
+        attn_flops_per_position_full=(layers - n_window) * flops_per_layer,
+        attn_flops_per_position_window=n_window * flops_per_layer,
+        num_experts=num_experts, experts_per_token=k,
+        params_total=total, params_active=total - embedding - unselected + (embedding if tied else 0),
+        params_embedding=embedding, params_output=output, params_expert=expert,
+        published_params_b=None, published_params_source=None,
+        weights_bytes_exact=sum(int(t.n_bytes) for t in tensors),
+        weights_quant=_gguf_type_name(meta.value("general.file_type")),
+    )

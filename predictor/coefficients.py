@@ -1,0 +1,204 @@
+"""Engine coefficients: the named constants of the analytical model, and where each came from.
+
+Every prediction uses one :class:`CoefficientSet` per (engine, device). Defaults live in
+``ENGINE_DEFAULTS`` with their public source; a coefficients file written by ``benchcal calibrate``
+overrides them, per device where that device was measured, else per device family
+(``memory_type/architecture``), else per engine. A prediction says which scope it used.
+
+Coefficients file (JSON)::
+
+    {"schema_version": 1, "source": "...", "created_at": "...",
+     "engines": {"llama.cpp": {"default": {NAME: VALUE | {"value": v, "uncertainty": u, ...}},
+                               "families": {"hbm3e/hopper": {...}},
+                               "devices": {"h200": {...}}}}}
+
+Names and units (every coefficient is physical so a fitted table can be read):
+
+- ``decode_fixed_ms``            fixed time per decode step, ms (sampling, graph launch, host sync)
+- ``decode_fixed_per_layer_us``  fixed time per decode step per layer, microseconds (kernel launches)
+- ``decode_bw_efficiency``       achieved / peak memory bandwidth while streaming weights and KV, 0-1
+- ``prefill_fixed_ms``           fixed time per prompt, ms
+- ``prefill_compute_efficiency`` achieved / peak dense FP16 FLOPS for the weight matmuls, 0-1 (CPU: of measured FLOPS)
+- ``prefill_attn_efficiency``    achieved / peak FLOPS for attention (grows with n^2), 0-1
+- ``runtime_fixed_gib``          engine + driver context (CUDA context, allocator pools, interpreter on CPU), GiB
+- ``compute_buffer_scale``       multiplier on the analytical activation/compute buffer, dimensionless
+- ``reserve_gib``                device memory kept free for driver/display/OS, GiB (discrete GPUs)
+- ``host_bw_efficiency``         achieved / peak host bandwidth for layers offloaded to the host, 0-1
+- ``pcie_gbs``                   host-to-device bandwidth used when offloaded weights are streamed for prefill, GB/s
+- ``tp_allreduce_us``            latency of one tensor-parallel all-reduce, microseconds
+- ``vllm_graph_gib`` / ``vllm_non_torch_gib``  vLLM CUDA-graph pool and non-torch allocations, GiB
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from predictor.errors import BenchcalError
+
+ENGINES = ("llama.cpp", "vllm")
+
+COEFFICIENT_NAMES = (
+    "decode_fixed_ms",
+    "decode_fixed_per_layer_us",
+    "decode_bw_efficiency",
+    "prefill_fixed_ms",
+    "prefill_compute_efficiency",
+    "prefill_attn_efficiency",
+    "runtime_fixed_gib",
+    "compute_buffer_scale",
+    "reserve_gib",
+    "host_bw_efficiency",
+    "pcie_gbs",
+    "tp_allreduce_us",
+    "vllm_graph_gib",
+    "vllm_non_torch_gib",
+)
+
+_CALC = "public calculator assumption (shared/calculator-pages: constant 0.65-0.87 of peak bandwidth)"
+_DESIGN = "benchcal DESIGN.md engine facts (CUDA context 100-600 MiB)"
+
+# Uncalibrated defaults. Each value says where it comes from; calibration replaces them.
+ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
+    "llama.cpp": {
+        "decode_fixed_ms": (0.0, "uncalibrated: no fixed term, as the public calculators assume"),
+        "decode_fixed_per_layer_us": (0.0, "uncalibrated: no per-layer term, as the public calculators assume"),
+        "decode_bw_efficiency": (0.75, _CALC + "; midpoint"),
+        "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
+        "prefill_compute_efficiency": (0.40, "uncalibrated: a typical share of dense tensor peak for quantized matmuls"),
+        "prefill_attn_efficiency": (0.40, "uncalibrated: same as the matmul efficiency"),
+        "runtime_fixed_gib": (0.35, _DESIGN + "; midpoint"),
+        "compute_buffer_scale": (1.0, "analytical buffer sizes of llama.cpp's graph (logits, FFN, attention scores)"),
+        "reserve_gib": (0.5, "uncalibrated: driver/display reserve on a discrete GPU"),
+        "host_bw_efficiency": (0.6, "uncalibrated: share of peak DDR bandwidth reached by CPU matmul-vec"),
+        "pcie_gbs": (25.0, "PCIe 4.0 x16 practical host-to-device rate (32 GB/s theoretical)"),
+        "tp_allreduce_us": (20.0, "uncalibrated: PCIe all-reduce latency"),
+        "vllm_graph_gib": (0.0, "not used by llama.cpp"),
+        "vllm_non_torch_gib": (0.0, "not used by llama.cpp"),
+    },
+    "vllm": {
+        "decode_fixed_ms": (0.0, "uncalibrated: no fixed term, as the public calculators assume"),
+        "decode_fixed_per_layer_us": (0.0, "uncalibrated: no per-layer term"),
+        "decode_bw_efficiency": (0.75, _CALC + "; midpoint"),
+        "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
+        "prefill_compute_efficiency": (0.50, "uncalibrated: a typical share of dense tensor peak for FP16 GEMMs"),
+        "prefill_attn_efficiency": (0.50, "uncalibrated: same as the matmul efficiency"),
+        "runtime_fixed_gib": (0.50, _DESIGN + "; upper half (torch + CUDA context)"),
+        "compute_buffer_scale": (1.0, "analytical activation peak of vLLM's profile run"),
+        "reserve_gib": (0.5, "uncalibrated: driver/display reserve on a discrete GPU"),
+        "host_bw_efficiency": (0.6, "uncalibrated: share of peak DDR bandwidth"),
+        "pcie_gbs": (25.0, "PCIe 4.0 x16 practical host-to-device rate (32 GB/s theoretical)"),
+        "tp_allreduce_us": (20.0, "uncalibrated: PCIe all-reduce latency"),
+        "vllm_graph_gib": (0.5, "uncalibrated: vLLM logs 'Graph capturing finished ... took 0.3-1 GiB'"),
+        "vllm_non_torch_gib": (0.3, "uncalibrated: vLLM's non_torch_memory line, a few hundred MiB"),
+    },
+}
+
+DEFAULT_SOURCE = "engine defaults (predictor/coefficients.py, uncalibrated)"
+
+
+@dataclass(frozen=True)
+class CoefficientSet:
+    """The coefficients one prediction uses, with where they came from.
+
+    ``status`` is ``default`` or ``calibrated``; ``scope`` is ``engine``, ``family:<name>`` or
+    ``device:<id>``; ``uncertainty`` maps a coefficient name to a relative 1-sigma error (0.1 = 10%),
+    and ``error_band`` maps a predicted quantity (decode, prefill, ttft, memory) to a relative error
+    band from cross-validated residuals, when calibration provides them.
+    """
+
+    engine: str
+    values: dict[str, float]
+    status: str = "default"
+    scope: str = "engine"
+    source: str = DEFAULT_SOURCE
+    uncertainty: dict[str, float] = field(default_factory=dict)
+    error_band: dict[str, float] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> float:
+        return self.values[name]
+
+
+def _default_values(engine: str) -> dict[str, float]:
+    return {name: value for name, (value, _src) in ENGINE_DEFAULTS[engine].items()}
+
+
+def _plain(entry: dict[str, Any]) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Split a scope's entry into (values, relative uncertainties, error bands)."""
+    values: dict[str, float] = {}
+    unc: dict[str, float] = {}
+    bands: dict[str, float] = {}
+    for name, item in entry.items():
+        if name == "error_band" and isinstance(item, dict):
+            bands.update({k: float(v) for k, v in item.items()})
+            continue
+        if name not in COEFFICIENT_NAMES:
+            continue
+        if isinstance(item, dict):
+            values[name] = float(item["value"])
+            if item.get("uncertainty") is not None and item["value"]:
+                unc[name] = abs(float(item["uncertainty"]) / float(item["value"]))
+        else:
+            values[name] = float(item)
+    return values, unc, bands
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """A loaded coefficients table (or the engine defaults when ``table`` is empty)."""
+
+    table: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None
+
+    @property
+    def source(self) -> str:
+        if not self.table:
+            return DEFAULT_SOURCE
+        return str(self.table.get("source") or self.path or "coefficients file")
+
+    def lookup(self, engine: str, device_id: str, family: str) -> CoefficientSet:
+        """Coefficients for ``engine`` on a device: device -> family -> engine scope -> defaults."""
+        if engine not in ENGINE_DEFAULTS:
+            raise BenchcalError(f"unknown engine '{engine}' (choose from: {', '.join(ENGINES)})")
+        values = _default_values(engine)
+        eng = (self.table.get("engines") or {}).get(engine) or {}
+        # Least to most specific: each scope overrides the coefficients it fitted.
+        scopes = [
+            ("engine", eng.get("default")),
+            ("family:" + family, (eng.get("families") or {}).get(family)),
+            ("device:" + device_id, (eng.get("devices") or {}).get(device_id)),
+        ]
+        used = [(scope, _plain(entry)) for scope, entry in scopes if entry]
+        if not used:
+            return CoefficientSet(engine, values)
+        unc: dict[str, float] = {}
+        bands: dict[str, float] = {}
+        for _scope, (fitted, scope_unc, scope_bands) in used:
+            values.update(fitted)
+            unc.update(scope_unc)
+            bands.update(scope_bands)
+        return CoefficientSet(engine, values, "calibrated", used[-1][0], self.source, unc, bands)
+
+
+def load_coefficients(path: str | Path | None) -> Coefficients:
+    """Read a coefficients JSON file; ``None`` means engine defaults. Bad files raise BenchcalError."""
+    if path is None:
+        return Coefficients()
+    p = Path(path)
+    if not p.is_file():
+        raise BenchcalError(f"coefficients file not found: {p}")
+    try:
+        table = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BenchcalError(f"coefficients file {p} is not valid JSON: {exc}") from None
+    if not isinstance(table, dict) or not isinstance(table.get("engines"), dict):
+        raise BenchcalError(f"coefficients file {p} has no 'engines' table")
+    return Coefficients(table, str(p))
+
+
+def default_coefficients_path() -> Path | None:
+    """The committed calibration table (calibration/coefficients.json), if present beside the packages."""
+    candidate = Path(__file__).resolve().parent.parent / "calibration" / "coefficients.json"
+    return candidate if candidate.is_file() else None

@@ -1,0 +1,394 @@
+"""The analytical model end to end: one configuration in, one :class:`Estimate` out.
+
+``evaluate`` is the vectorized core (one model; devices, quants, contexts, batches as arrays);
+``predict`` resolves names, calls it for one configuration and packs the result. Reports and the
+harness use ``predict``; leaderboards, recommendations and the speed benchmark use ``evaluate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from predictor import memory as mem
+from predictor import throughput as tp
+from predictor.architecture import ModelArch
+from predictor.coefficients import (
+    ENGINE_DEFAULTS,
+    ENGINES,
+    Coefficients,
+    CoefficientSet,
+    default_coefficients_path,
+    load_coefficients,
+)
+from predictor.devices import Device, resolve_device
+from predictor.errors import BenchcalError, non_negative, positive
+from predictor.models import resolve_model
+from predictor.quants import QuantFormat, resolve_kv_dtype, resolve_quant
+
+GIB = mem.GIB
+TIGHT_UTILIZATION = 0.92  # above this share of usable memory, allocator rounding and fragmentation bite
+VERDICTS = ("fits", "tight", "needs offload", "does not fit")
+DEFAULT_PROMPT_TOKENS = 4096  # like the public calculators' TTFT figure
+DEFAULT_HOST_BANDWIDTH_GBS = 60.0  # dual-channel DDR5-4800 (2 x 38.4 GB/s peak), a typical desktop host
+DEFAULT_HOST_MEMORY_GIB = 64.0
+
+
+def _arr(x) -> np.ndarray:
+    return np.asarray(x, dtype=float)
+
+
+def evaluate(
+    arch: ModelArch,
+    engine: str,
+    coeffs,
+    *,
+    memory_gib,
+    usable_gib,
+    kind,
+    bandwidth_gbs,
+    tflops,
+    bits_per_weight,
+    bits_per_weight_non_expert=None,
+    exact_weights_bytes=None,
+    kv_bytes_per_element=2.0,
+    context=4096,
+    batch=1,
+    prompt_tokens=DEFAULT_PROMPT_TOKENS,
+    device_count=1,
+    offload_fraction=0.0,
+    flash_attn=True,
+    n_ubatch=512,
+    host_bandwidth_gbs=DEFAULT_HOST_BANDWIDTH_GBS,
+    host_memory_gib=DEFAULT_HOST_MEMORY_GIB,
+    with_max_context: bool = True,
+) -> dict[str, np.ndarray]:
+    """Evaluate the model over broadcastable arrays; returns arrays keyed by quantity (bytes, s).
+
+    ``kind`` is the device kind ("gpu", "unified", "cpu"); ``offload_fraction`` is the share of the
+    repeating layers kept in host memory (llama.cpp layers; vLLM cpu_offload_gb).
+    """
+    kind = np.asarray(kind)
+    on_gpu = kind == "gpu"
+    n_dev = _arr(device_count)
+    L = arch.num_layers
+    total_w = mem.weights_bytes(arch, bits_per_weight, bits_per_weight_non_expert)
+    if exact_weights_bytes is not None:
+        total_w = _arr(exact_weights_bytes) + np.zeros_like(total_w)
+    embd_w = mem.embedding_bytes(arch, total_w)
+    out_w = mem.output_bytes(arch, total_w)
+    # llama.cpp keeps the input embedding on the host (untied models); vLLM keeps everything on the GPU.
+    host_embd = embd_w if (engine == "llama.cpp" and arch.params_output) else 0.0
+    layer_w = total_w - embd_w - (out_w if arch.params_output else 0.0)
+    # Offload only exists for discrete GPUs; clamp to whole layers for llama.cpp.
+    frac = np.where(on_gpu, np.clip(_arr(offload_fraction), 0.0, 1.0), 0.0)
+    if engine == "llama.cpp":
+        frac = np.round(frac * L) / L
+    out_on_device = frac == 0.0
+    dev_w = (1.0 - frac) * layer_w + np.where(out_on_device, out_w, 0.0) + np.where(on_gpu, 0.0, host_embd)
+    host_w = total_w - dev_w
+    kv_total = mem.kv_cache_bytes(arch, context, batch, kv_bytes_per_element, engine)
+    kv_host_share = frac if engine == "llama.cpp" else 0.0  # llama.cpp keeps KV with its layer
+    dev_kv = kv_total * (1.0 - kv_host_share)
+    runtime = mem.runtime_bytes(arch, engine, coeffs, context, n_ubatch, flash_attn, batch) * n_dev
+    total = dev_w + dev_kv + runtime
+    usable = mem.usable_device_bytes(memory_gib, usable_gib, kind, coeffs["reserve_gib"]) * n_dev
+    util = total / usable
+    offload_bytes = host_w - np.where(on_gpu, host_embd, 0.0) + kv_total * kv_host_share
+    # Verdict: fits / tight / needs offload (a discrete GPU that can hold the runtime and the host
+    # can hold the rest) / does not fit.
+    host_usable = _arr(host_memory_gib) * GIB * 0.9
+    can_offload = on_gpu & (runtime < usable) & (total - usable + host_w < host_usable)
+    verdict = np.where(util <= TIGHT_UTILIZATION, 0, np.where(util <= 1.0, 1, np.where(can_offload, 2, 3)))
+
+    # Throughput.
+    tensor_parallel = engine == "vllm"
+    ctx_now = np.minimum(_arr(prompt_tokens), _arr(context))
+    # Weights streamed per step: the active layers and the LM head; the part on the host is read there.
+    step_w = tp.decode_weight_bytes_per_step(arch, total_w, batch)
+    step_dev = (1.0 - frac) * (step_w - out_w) + np.where(out_on_device, out_w, 0.0)
+    kv_read = mem.kv_cache_bytes(arch, ctx_now, batch, kv_bytes_per_element, "llama.cpp")
+    bw = _arr(bandwidth_gbs)
+    step_s = tp.decode_step_seconds(
+        arch,
+        coeffs,
+        device_weight_bytes=step_dev,
+        host_weight_bytes=step_w - step_dev,
+        kv_read_bytes=kv_read * (1.0 - kv_host_share),
+        bandwidth_gbs=bw,
+        host_bandwidth_gbs=np.where(kind == "gpu", _arr(host_bandwidth_gbs), bw),
+        device_count=n_dev,
+        tensor_parallel=tensor_parallel,
+    )
+    prefill_s = tp.prefill_seconds(
+        arch,
+        coeffs,
+        prompt_tokens=prompt_tokens,
+        n_ubatch=n_ubatch,
+        device_weight_bytes=dev_w,
+        host_weight_bytes=np.where(on_gpu, host_w - host_embd, 0.0),
+        bandwidth_gbs=bw,
+        tflops=tflops,
+        device_count=n_dev,
+        tensor_parallel=tensor_parallel,
+    )
+    result = {
+        "weights_bytes": dev_w,
+        "weights_total_bytes": np.broadcast_to(total_w, np.shape(dev_w)),
+        "kv_cache_bytes": dev_kv,
+        "runtime_bytes": runtime,
+        "total_bytes": total,
+        "offload_bytes": offload_bytes,
+        "usable_bytes": usable,
+        "headroom_bytes": usable - total,
+        "utilization": util,
+        "verdict": verdict,
+        "decode_step_s": step_s,
+        "decode_tok_s": 1.0 / step_s,
+        "decode_tok_s_total": _arr(batch) / step_s,
+        "prefill_s": prefill_s,
+        "prefill_tok_s": _arr(prompt_tokens) / prefill_s,
+        "ttft_s": prefill_s,
+        "decode_context": ctx_now,
+    }
+    # Most layers that fit (llama.cpp -ngl): per-layer device bytes are the layer's weights and KV.
+    per_layer = (layer_w + kv_total) / L
+    fixed = runtime + np.where(on_gpu, 0.0, host_embd)
+    room = usable * TIGHT_UTILIZATION - fixed
+    ngl = np.clip(np.floor(room / per_layer), 0, L)
+    ngl = np.where(room >= per_layer * L + out_w, L + 1, ngl)
+    result["max_gpu_layers"] = np.where(on_gpu, ngl, L + 1)
+    if with_max_context:
+        result["max_context"] = _max_context(arch, engine, coeffs, usable, dev_w, frac, n_dev,
+                                             kv_bytes_per_element, batch, n_ubatch, flash_attn)
+    return result
+
+
+def _max_context(arch, engine, coeffs, usable, dev_w, frac, n_dev, kv_bpe, batch, n_ubatch, flash_attn):
+    """Largest context (multiple of 256, up to the model's maximum) whose total stays "fits"."""
+    kv_share = frac if engine == "llama.cpp" else 0.0
+
+    def total_at(ctx):
+        kv = mem.kv_cache_bytes(arch, ctx, batch, kv_bpe, engine) * (1.0 - kv_share)
+        rt = mem.runtime_bytes(arch, engine, coeffs, ctx, n_ubatch, flash_attn, batch) * n_dev
+        return dev_w + kv + rt
+
+    limit = usable * TIGHT_UTILIZATION
+    shape = np.broadcast(usable, dev_w).shape
+    lo = np.zeros(shape)
+    hi = np.full(shape, float(arch.max_context))
+    ok_hi = total_at(hi) <= limit
+    for _ in range(24):
+        mid = np.floor((lo + hi) / 2.0)
+        fits = total_at(mid) <= limit
+        lo = np.where(fits, mid, lo)
+        hi = np.where(fits, hi, mid)
+    best = np.where(ok_hi, float(arch.max_context), np.floor(lo / 256.0) * 256.0)
+    return np.where(total_at(np.maximum(best, 1.0)) <= limit, best, 0.0)
+
+
+# --------------------------------------------------------------------------- one configuration
+
+
+@dataclass
+class Estimate:
+    """One prediction: inputs, memory breakdown, fit, throughput, launch commands, provenance."""
+
+    model: ModelArch
+    device: Device
+    quant: QuantFormat
+    engine: str
+    context: int
+    batch: int
+    kv_dtype: str
+    device_count: int
+    prompt_tokens: int
+    offload_fraction: float
+    flash_attn: bool
+    n_ubatch: int
+    coefficients: CoefficientSet
+    values: dict[str, float]
+    weights_exact: bool
+    host_bandwidth_gbs: float
+    launch: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        return VERDICTS[int(self.values["verdict"])]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable JSON contract of ``benchcal predict --format json`` (documented in the README)."""
+        v = self.values
+        d, m = self.device, self.model
+        price = d.cloud_usd_per_hour
+        cost = None
+        if price and v["decode_tok_s_total"] > 0:
+            cost = round(price * self.device_count / (v["decode_tok_s_total"] * 3600.0) * 1e6, 2)
+        c = self.coefficients
+        return {
+            "schema": "benchcal.estimate/1",
+            "model": {
+                "id": m.id, "name": m.name, "hf_id": m.hf_id, "source": m.source,
+                "params_b": round(m.params_total / 1e9, 3),
+                "active_params_b": round(m.params_active / 1e9, 3),
+                "architecture": m.architecture, "attention": m.attention, "layers": m.num_layers,
+                "max_context": m.max_context, "moe": bool(m.num_experts),
+            },
+            "gpu": {
+                "id": d.id, "name": d.name, "kind": d.kind, "count": self.device_count,
+                "memory_gib": round(d.memory_gib, 2),
+                "usable_gib": round(v["usable_bytes"] / GIB, 2),
+                "bandwidth_gbs": d.bandwidth_gbs, "fp16_tflops": d.fp16_tflops, "family": d.family,
+                "cloud_usd_per_hour": price,
+            },
+            "engine": self.engine,
+            "quant": self.quant.id,
+            "bits_per_weight": self.quant.bits_per_weight,
+            "context": self.context,
+            "batch": self.batch,
+            "kv_dtype": self.kv_dtype,
+            "flash_attn": self.flash_attn,
+            "n_ubatch": self.n_ubatch,
+            "offload_fraction": self.offload_fraction,
+            "memory": {
+                "weights_gib": _r(v["weights_bytes"] / GIB),
+                "weights_total_gib": _r(v["weights_total_bytes"] / GIB),
+                "weights_exact": self.weights_exact,
+                "kv_cache_gib": _r(v["kv_cache_bytes"] / GIB),
+                "runtime_gib": _r(v["runtime_bytes"] / GIB),
+                "total_gib": _r(v["total_bytes"] / GIB),
+                "offload_gib": _r(v["offload_bytes"] / GIB),
+            },
+            "fit": {
+                "verdict": self.verdict,
+                "headroom_gib": _r(v["headroom_bytes"] / GIB),
+                "utilization": round(float(v["utilization"]), 4),
+                "max_context": int(v["max_context"]),
+                "max_gpu_layers": int(v["max_gpu_layers"]),
+            },
+            "throughput": {
+                "decode_tok_s": _r(v["decode_tok_s"], 2),
+                "decode_tok_s_total": _r(v["decode_tok_s_total"], 2),
+                "decode_context": int(v["decode_context"]),
+                "prefill_tok_s": _r(v["prefill_tok_s"], 1),
+                "ttft_ms": _r(v["ttft_s"] * 1000.0, 1),
+                "prompt_tokens": self.prompt_tokens,
+                "host_bandwidth_gbs": self.host_bandwidth_gbs,
+                "cost_per_1m_output_usd": cost,
+            },
+            "calibration": {
+                "status": c.status, "scope": c.scope, "source": c.source,
+                "error_band": dict(c.error_band),
+                "coefficients": {k: c.values[k] for k in sorted(c.values)},
+                "default_sources": {k: src for k, (_val, src) in ENGINE_DEFAULTS[self.engine].items()},
+            },
+            "launch": dict(self.launch),
+        }
+
+
+def _r(x, nd: int = 3) -> float:
+    return round(float(x), nd)
+
+
+def resolve_engine(engine: str) -> str:
+    name = engine.strip().lower().replace("_", ".").replace("llamacpp", "llama.cpp").replace("llama-cpp", "llama.cpp")
+    if name not in ENGINES:
+        raise BenchcalError(f"unknown engine '{engine}' (choose from: {', '.join(ENGINES)})")
+    return name
+
+
+def device_kwargs(device: Device) -> dict[str, Any]:
+    """The device's figures as keyword arguments of ``evaluate``."""
+    return {
+        "memory_gib": device.memory_gib,
+        "usable_gib": np.nan if device.usable_gib is None else device.usable_gib,
+        "kind": device.kind,
+        "bandwidth_gbs": device.bandwidth_gbs,
+        "tflops": device.fp16_tflops or 1.0,
+    }
+
+
+def predict(
+    model: str | ModelArch,
+    device: str | Device,
+    quant: str | None = None,
+    context: int = 8192,
+    engine: str = "llama.cpp",
+    *,
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+    batch: int = 1,
+    kv_dtype: str | None = None,
+    device_count: int = 1,
+    offload_fraction: float = 0.0,
+    flash_attn: bool = True,
+    n_ubatch: int = 512,
+    coefficients: str | Path | Coefficients | None = "default",
+    host_bandwidth_gbs: float | None = None,
+    host_memory_gib: float | None = None,
+    launch: bool = True,
+) -> Estimate:
+    """Predict memory, fit and throughput for one configuration.
+
+    ``device`` is a catalogue id/name or a :class:`Device` (use ``predictor.devices.cpu_device`` for
+    the host CPU). ``quant`` defaults to the GGUF's own type or Q4_K_M (llama.cpp) / BF16 (vLLM).
+    ``coefficients``: a path, a loaded table, ``None`` for engine defaults, or ``"default"`` for the
+    committed calibration table when present.
+    """
+    eng = resolve_engine(engine)
+    arch = model if isinstance(model, ModelArch) else resolve_model(model)
+    dev = device if isinstance(device, Device) else resolve_device(device)
+    if quant is None:
+        quant = arch.weights_quant or ("Q4_K_M" if eng == "llama.cpp" else "BF16")
+    q = resolve_quant(quant, eng)
+    kv_name = kv_dtype or ("f16" if eng == "llama.cpp" else "bf16")
+    kv = resolve_kv_dtype(kv_name, eng)
+    positive("--ctx", context)
+    positive("--prompt", prompt_tokens)
+    positive("--batch", batch)
+    positive("--gpus", device_count)
+    positive("--n-ubatch", n_ubatch)
+    non_negative("--offload", offload_fraction)
+    if offload_fraction > 1:
+        raise BenchcalError(f"--offload is a fraction of the layers, between 0 and 1, got {offload_fraction}")
+    if context > arch.max_context:
+        raise BenchcalError(f"context {context} is above {arch.id}'s maximum of {arch.max_context} tokens")
+    if eng not in dev.engines:
+        raise BenchcalError(f"{eng} does not run on {dev.name} (engines there: {', '.join(dev.engines)})")
+    if device_count > 1 and dev.kind != "gpu":
+        raise BenchcalError(f"--gpus {device_count}: tensor parallelism needs discrete GPUs, {dev.name} is {dev.kind}")
+    if isinstance(coefficients, Coefficients):
+        table = coefficients
+    elif coefficients == "default":
+        table = load_coefficients(default_coefficients_path())
+    else:
+        table = load_coefficients(coefficients)
+    cset = table.lookup(eng, dev.id, dev.family)
+    exact = arch.weights_bytes_exact if (arch.weights_bytes_exact and arch.weights_quant == q.id) else None
+    host_bw = float(host_bandwidth_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else DEFAULT_HOST_BANDWIDTH_GBS))
+    values = evaluate(
+        arch, eng, cset,
+        **device_kwargs(dev),
+        bits_per_weight=q.bits_per_weight,
+        bits_per_weight_non_expert=q.bits_per_weight_non_expert,
+        exact_weights_bytes=exact,
+        kv_bytes_per_element=kv.bytes_per_element,
+        context=context, batch=batch, prompt_tokens=prompt_tokens, device_count=device_count,
+        offload_fraction=offload_fraction, flash_attn=flash_attn, n_ubatch=n_ubatch,
+        host_bandwidth_gbs=host_bw,
+        host_memory_gib=host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
+    )
+    scalars = {k: float(np.asarray(val).reshape(-1)[0]) for k, val in values.items()}
+    est = Estimate(
+        model=arch, device=dev, quant=q, engine=eng, context=int(context), batch=int(batch), kv_dtype=kv.id,
+        device_count=int(device_count), prompt_tokens=int(prompt_tokens), offload_fraction=float(offload_fraction),
+        flash_attn=bool(flash_attn), n_ubatch=int(n_ubatch), coefficients=cset, values=scalars,
+        weights_exact=exact is not None, host_bandwidth_gbs=host_bw,
+    )
+    if launch:
+        from predictor.launch import launch_commands  # local: launch builds a sibling prediction
+
+        est.launch = launch_commands(est)
+    return est

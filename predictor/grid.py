@@ -1,0 +1,77 @@
+"""Vectorized sweeps: one model over many devices x quants x contexts x batches in one numpy pass.
+
+Used by the leaderboard, the quantization matrix, recommendations and the speed benchmark
+(benchmarks/bench_predictor.py). The formulas are the ones ``predict`` uses (``evaluate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from predictor.architecture import ModelArch
+from predictor.coefficients import COEFFICIENT_NAMES, Coefficients
+from predictor.devices import Device
+from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_PROMPT_TOKENS, evaluate
+from predictor.quants import QuantFormat
+
+
+def coefficient_arrays(table: Coefficients, engine: str, devices: Sequence[Device]) -> dict[str, np.ndarray]:
+    """Per-device coefficient arrays (device -> family -> engine -> default, as ``lookup``)."""
+    sets = [table.lookup(engine, d.id, d.family) for d in devices]
+    return {name: np.array([s.values[name] for s in sets], dtype=float) for name in COEFFICIENT_NAMES}
+
+
+def sweep(
+    arch: ModelArch,
+    engine: str,
+    devices: Sequence[Device],
+    quants: Sequence[QuantFormat],
+    contexts: Sequence[int],
+    batches: Sequence[int] = (1,),
+    *,
+    table: Coefficients | None = None,
+    kv_bytes_per_element: float = 2.0,
+    device_count: int = 1,
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+    flash_attn: bool = True,
+    n_ubatch: int = 512,
+    host_bandwidth_gbs: float = DEFAULT_HOST_BANDWIDTH_GBS,
+    with_max_context: bool = True,
+    exact_weights_bytes: float | None = None,
+) -> dict[str, np.ndarray]:
+    """Evaluate every (device, quant, context, batch) cell; arrays of shape (D, Q, C, B).
+
+    ``exact_weights_bytes`` (a GGUF's tensor bytes) replaces bits-per-weight when the sweep has one quant.
+    """
+    table = table or Coefficients()
+    D = len(devices)
+    col = (slice(None), None, None, None)
+    coeffs = {k: v[col] for k, v in coefficient_arrays(table, engine, devices).items()}
+    dev = {
+        "memory_gib": np.array([d.memory_gib for d in devices])[col],
+        "usable_gib": np.array([np.nan if d.usable_gib is None else d.usable_gib for d in devices])[col],
+        "kind": np.array([d.kind for d in devices])[col],
+        "bandwidth_gbs": np.array([d.bandwidth_gbs for d in devices])[col],
+        "tflops": np.array([d.fp16_tflops or 1.0 for d in devices])[col],
+    }
+    q = (None, slice(None), None, None)
+    bpw = np.array([qf.bits_per_weight for qf in quants])[q]
+    non_expert = [qf.bits_per_weight_non_expert for qf in quants]
+    bpw_ne = None
+    if any(x is not None for x in non_expert):
+        # Formats that quantize every tensor use their own width for the non-expert part too.
+        bpw_ne = np.array([qf.bits_per_weight if x is None else x for qf, x in zip(quants, non_expert)])[q]
+    ctx = np.array(contexts, dtype=float)[None, None, :, None]
+    bat = np.array(batches, dtype=float)[None, None, None, :]
+    out = evaluate(
+        arch, engine, coeffs, **dev,
+        bits_per_weight=bpw, bits_per_weight_non_expert=bpw_ne, exact_weights_bytes=exact_weights_bytes,
+        kv_bytes_per_element=kv_bytes_per_element, context=ctx, batch=bat,
+        prompt_tokens=np.minimum(prompt_tokens, ctx), device_count=device_count,
+        flash_attn=flash_attn, n_ubatch=n_ubatch, host_bandwidth_gbs=host_bandwidth_gbs,
+        with_max_context=with_max_context,
+    )
+    shape = (D, len(quants), len(contexts), len(batches))
+    return {k: np.broadcast_to(v, shape) for k, v in out.items()}

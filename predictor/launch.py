@@ -1,0 +1,121 @@
+"""Launch commands for llama.cpp (llama-server) and vLLM (vllm serve) that match a prediction.
+
+The commands carry the configuration: context, layers on the GPU (the most that fit when the
+model needs offload), flash attention, KV cache type, parallel sequences, tensor parallelism, and
+a vLLM ``--gpu-memory-utilization`` derived from the predicted need rather than a fixed 0.9.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from predictor.estimate import Estimate
+
+GIB = float(2**30)
+
+# The vLLM format closest to a GGUF quant, by width.
+_VLLM_EQUIVALENT = {
+    "F32": "BF16", "F16": "F16", "BF16": "BF16", "Q8_0": "FP8", "Q6_K": "FP8", "Q5_K_M": "FP8",
+    "Q4_K_M": "AWQ", "Q4_0": "AWQ", "IQ4_XS": "AWQ", "Q3_K_M": "AWQ", "Q2_K": "AWQ", "UD-Q2_K_XL": "AWQ",
+    "MXFP4": "MXFP4",
+}
+_LLAMA_EQUIVALENT = {"FP8": "Q8_0", "AWQ": "Q4_K_M", "GPTQ": "Q4_K_M"}
+_VLLM_QUANT_FLAG = {"AWQ": "awq", "GPTQ": "gptq", "FP8": "fp8"}
+
+
+def _llama_model_arg(est: Estimate, quant: str) -> str:
+    m = est.model
+    if m.source and m.source.endswith(".gguf"):
+        return f"-m {m.source}"
+    if m.hf_id:
+        return f"-hf {m.hf_id}-GGUF:{quant}"
+    return f"-m {m.id}-{quant}.gguf"
+
+
+def llama_cpp_command(est: Estimate) -> str:
+    """``llama-server`` for this configuration; -ngl is the most layers that fit when offload is needed."""
+    v = est.values
+    quant = est.quant.id if "llama.cpp" in est.quant.engines else _LLAMA_EQUIVALENT.get(est.quant.id, "Q4_K_M")
+    layers = est.model.num_layers
+    if est.device.kind == "cpu":
+        ngl = 0
+    elif est.offload_fraction > 0:
+        ngl = round((1.0 - est.offload_fraction) * layers)
+    elif est.verdict == "needs offload":
+        ngl = int(v["max_gpu_layers"])
+    else:
+        ngl = 999
+    parts = [f"llama-server {_llama_model_arg(est, quant)}", f"--ctx-size {est.context * est.batch}"]
+    if est.batch > 1:
+        parts.append(f"--parallel {est.batch}")
+    parts.append(f"-ngl {ngl}")
+    parts.append(f"--flash-attn {'on' if est.flash_attn else 'off'}")
+    kv = est.kv_dtype if est.kv_dtype in ("f16", "bf16", "q8_0", "q4_0") else "q8_0"
+    if kv != "f16":
+        parts.append(f"-ctk {kv} -ctv {kv}")
+    if est.n_ubatch != 512:
+        parts.append(f"-ub {est.n_ubatch}")
+    if est.device_count > 1:
+        parts.append("--split-mode layer --tensor-split " + ",".join(["1"] * est.device_count))
+    parts.append("--port 8080")
+    return " ".join(parts)
+
+
+def gpu_memory_utilization(total_bytes: float, device_count: int, memory_gib: float) -> float:
+    """Fraction of each GPU vLLM should reserve: the predicted need per device plus 2%, in [0.10, 0.95]."""
+    need = total_bytes / max(device_count, 1) / (memory_gib * GIB)
+    return min(0.95, max(0.10, math.ceil((need + 0.02) * 100.0) / 100.0))
+
+
+def vllm_command(est: Estimate, vllm_est: Estimate | None) -> str:
+    """``vllm serve`` for this configuration (from a vLLM prediction of the nearest vLLM format)."""
+    if "vllm" not in est.device.engines:
+        return f"# vLLM does not run on {est.device.name}"
+    e = vllm_est or est
+    m = e.model
+    repo = m.hf_id or (m.source if m.source and not m.source.endswith(".gguf") else m.id)
+    quant = e.quant.id
+    if quant in ("AWQ", "GPTQ") and m.hf_id:
+        repo = f"{m.hf_id}-{quant}"
+    parts = [f"vllm serve {repo}", f"--max-model-len {e.context}"]
+    if e.device.kind != "cpu":
+        parts.append(f"--gpu-memory-utilization {gpu_memory_utilization(e.values['total_bytes'], e.device_count, e.device.memory_gib):.2f}")
+    if e.device_count > 1:
+        parts.append(f"--tensor-parallel-size {e.device_count}")
+    if e.batch > 1:
+        parts.append(f"--max-num-seqs {e.batch}")
+    if quant in _VLLM_QUANT_FLAG and not (quant in ("AWQ", "GPTQ") and m.hf_id):
+        parts.append(f"--quantization {_VLLM_QUANT_FLAG[quant]}")
+    if e.kv_dtype == "fp8":
+        parts.append("--kv-cache-dtype fp8")
+    if e.verdict == "needs offload":
+        over = max(0.0, e.values["total_bytes"] - e.values["usable_bytes"] * 0.92)
+        parts.append(f"--cpu-offload-gb {math.ceil(over / 1e9)}")
+    if e.offload_fraction > 0:
+        parts.append(f"--cpu-offload-gb {math.ceil(e.offload_fraction * e.values['weights_total_bytes'] / 1e9)}")
+    return " ".join(parts)
+
+
+def launch_commands(est: Estimate) -> dict[str, str]:
+    """Both engines' commands; the vLLM one comes from a sibling vLLM prediction when needed."""
+    from predictor.errors import BenchcalError
+    from predictor.estimate import predict
+
+    vllm_est = None
+    if est.engine != "vllm" and "vllm" in est.device.engines:
+        q = _VLLM_EQUIVALENT.get(est.quant.id, "BF16")
+        kv = "fp8" if est.kv_dtype in ("q8_0", "q4_0", "fp8") else None
+        try:
+            vllm_est = predict(
+                est.model, est.device, q, est.context, "vllm", prompt_tokens=est.prompt_tokens,
+                batch=est.batch, kv_dtype=kv, device_count=est.device_count,
+                host_bandwidth_gbs=est.host_bandwidth_gbs, launch=False,
+            )
+        except BenchcalError:
+            vllm_est = None
+    commands = {"llama_cpp": llama_cpp_command(est), "vllm": vllm_command(est, vllm_est)}
+    if vllm_est is not None:
+        commands["vllm_quant"] = vllm_est.quant.id
+    return commands

@@ -1,0 +1,107 @@
+"""Memory formulas: weights, KV cache, runtime buffers, usable device memory.
+
+Every function takes one model (``ModelArch``) and scalars or numpy arrays for the rest, so the
+same formula serves one prediction and a vectorized sweep over devices, quants, contexts and
+batches. Sizes are bytes unless the name says GiB.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from predictor.architecture import ModelArch
+
+GIB = float(2**30)
+VLLM_BLOCK_TOKENS = 16
+VLLM_MAX_BATCHED_TOKENS = 8192  # vLLM V1 offline default for max_num_batched_tokens on GPUs
+F32_BYTES = 4.0
+
+
+def weights_bytes(arch: ModelArch, bits_per_weight, bits_per_weight_non_expert=None):
+    """All weight bytes of the model in a quant format (bits per weight averaged over a real file).
+
+    Formats that quantize only MoE experts (MXFP4) give the other parameters their own width.
+    """
+    bpw = np.asarray(bits_per_weight, dtype=float)
+    if bits_per_weight_non_expert is None:
+        return arch.params_total * bpw / 8.0
+    non_expert = arch.params_total - arch.params_expert
+    return (arch.params_expert * bpw + non_expert * np.asarray(bits_per_weight_non_expert, float)) / 8.0
+
+
+def embedding_bytes(arch: ModelArch, total_weights_bytes):
+    """Bytes of the input embedding table, assuming it shares the file's average width."""
+    return total_weights_bytes * (arch.params_embedding / arch.params_total)
+
+
+def output_bytes(arch: ModelArch, total_weights_bytes):
+    """Bytes of the LM head (the embedding table again when tied: engines keep a device copy)."""
+    params = arch.params_output if arch.params_output else arch.params_embedding
+    return total_weights_bytes * (params / arch.params_total)
+
+
+def kv_cache_bytes(arch: ModelArch, context, batch, kv_bytes_per_element, engine: str = "llama.cpp"):
+    """KV cache for ``batch`` sequences of ``context`` tokens each.
+
+    GQA: 2 * L * H_kv * d_head * S * B * bytes; MLA: L * (kv_lora_rank + rope_dim) * S * B * bytes;
+    sliding-window layers cap at min(S, window) (all three are in ``arch.kv_elements_per_token``).
+    vLLM allocates whole blocks of 16 tokens.
+    """
+    ctx = np.asarray(context, dtype=float)
+    if engine == "vllm":
+        ctx = np.ceil(ctx / VLLM_BLOCK_TOKENS) * VLLM_BLOCK_TOKENS
+    elements = arch.kv_elements_per_token(ctx)
+    return elements * np.asarray(batch, float) * np.asarray(kv_bytes_per_element, float)
+
+
+def llama_compute_buffer_bytes(arch: ModelArch, context, n_ubatch, flash_attn, batch=1):
+    """llama.cpp's compute buffer: the largest intermediate tensors of one ubatch's graph.
+
+    f32 logits (n_ubatch x vocab), the gated FFN activations (3 x n_ubatch x d_ff), a few
+    hidden-size tensors, and, without flash attention, the f32 attention scores
+    (n_ubatch x n_ctx x n_heads), where n_ctx is the whole cache (context x batch).
+    """
+    ub = np.asarray(n_ubatch, dtype=float)
+    d_ff = arch.intermediate_size
+    base = ub * F32_BYTES * (arch.vocab_size + 3.0 * d_ff + 4.0 * arch.hidden_size)
+    n_ctx = np.asarray(context, float) * np.asarray(batch, float)
+    scores = ub * n_ctx * arch.num_attention_heads * F32_BYTES
+    return base + np.where(np.asarray(flash_attn, bool), 0.0, scores)
+
+
+def vllm_activation_bytes(arch: ModelArch, max_batched_tokens=VLLM_MAX_BATCHED_TOKENS):
+    """vLLM's profile-run activation peak: one forward of ``max_batched_tokens`` tokens (16-bit).
+
+    Gate/up output (2 x d_ff), the hidden states and residual (4 x d_model) per token, plus the
+    f32 logits of the sampled rows.
+    """
+    tokens = np.asarray(max_batched_tokens, dtype=float)
+    per_token = 2.0 * (2.0 * arch.intermediate_size + 4.0 * arch.hidden_size)
+    return tokens * per_token + 256 * arch.vocab_size * F32_BYTES
+
+
+def runtime_bytes(arch: ModelArch, engine: str, coeffs, context, n_ubatch, flash_attn, batch=1,
+                  enforce_eager: bool = False):
+    """Engine runtime on the device: fixed context + compute/activation buffers (+ vLLM graphs)."""
+    fixed = coeffs["runtime_fixed_gib"] * GIB
+    scale = coeffs["compute_buffer_scale"]
+    if engine == "vllm":
+        graphs = 0.0 if enforce_eager else coeffs["vllm_graph_gib"] * GIB
+        extra = coeffs["vllm_non_torch_gib"] * GIB + graphs
+        return fixed + extra + scale * vllm_activation_bytes(arch) + np.zeros_like(np.asarray(context, float))
+    return fixed + scale * llama_compute_buffer_bytes(arch, context, n_ubatch, flash_attn, batch)
+
+
+def usable_device_bytes(memory_gib, usable_gib, kind, reserve_gib):
+    """Memory an engine may use on one device.
+
+    Discrete GPUs: capacity minus a reserve for driver/display. Unified-memory devices: the
+    documented cap (``usable_gib``, e.g. macOS's GPU wired limit) when known, else 75% of RAM.
+    The host CPU: 90% of RAM (the OS and page cache keep the rest) minus the reserve.
+    """
+    mem = np.asarray(memory_gib, float)
+    cap = np.asarray(usable_gib, dtype=float)  # NaN where unknown
+    kind = np.asarray(kind)
+    reserve = np.asarray(reserve_gib, float)
+    default = np.where(kind == "unified", 0.75 * mem, np.where(kind == "cpu", 0.9 * mem - reserve, mem - reserve))
+    return np.where(np.isnan(cap), default, cap) * GIB

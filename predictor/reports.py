@@ -1,0 +1,267 @@
+"""Report builders: the fit report, context scaling, quantization matrix, hardware leaderboard,
+recommendations and catalogue listings — the content the public calculators show, from our model.
+
+Each builder returns a :class:`predictor.render.Report`; ``render`` formats it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from predictor.architecture import ModelArch
+from predictor.coefficients import Coefficients
+from predictor.devices import Device, load_devices
+from predictor.estimate import GIB, VERDICTS, Estimate, predict
+from predictor.grid import sweep
+from predictor.quants import QuantFormat, load_quants, resolve_kv_dtype, resolve_quant
+from predictor.render import Chart, Report
+
+STANDARD_CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072)
+MATRIX_QUANTS = ("BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M", "Q2_K", "UD-Q2_K_XL")
+VLLM_MATRIX_QUANTS = ("BF16", "FP8", "AWQ", "GPTQ")
+
+
+def _gib(x: float) -> float:
+    return round(float(x) / GIB, 2)
+
+
+def _ctx_label(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def contexts_for(arch: ModelArch, start: int = 4096) -> list[int]:
+    """4K, 8K, ... up to the model's maximum (the maximum itself included)."""
+    out = [c for c in STANDARD_CONTEXTS if start <= c <= arch.max_context]
+    if arch.max_context not in out and arch.max_context >= start:
+        out.append(arch.max_context)
+    return out or [arch.max_context]
+
+
+def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
+    """The fit report: breakdown, verdict, throughput, context scaling, launch commands."""
+    d = est.to_dict()
+    m, g, mem, fit, thr, cal = d["model"], d["gpu"], d["memory"], d["fit"], d["throughput"], d["calibration"]
+    gpus = f"{g['count']}x {g['name']}" if g["count"] > 1 else g["name"]
+    rep = Report(
+        title=f"{m['name']} on {gpus} — {est.engine}, {est.quant.id}, {est.context:,} context",
+        subtitle=(
+            f"{m['params_b']:.2f}B total, {m['active_params_b']:.2f}B active per token, "
+            f"{m['architecture']} ({m['attention'].upper()}{', MoE' if m['moe'] else ''}), {m['layers']} layers; "
+            f"batch {est.batch}, KV {est.kv_dtype}, flash attention {'on' if est.flash_attn else 'off'}."
+        ),
+        data=d,
+    )
+    weights_note = "exact (file)" if mem["weights_exact"] else f"{est.quant.bits_per_weight} bits/weight"
+    rep.add("Memory", "kv", [
+        ["Model weights on device", f"{mem['weights_gib']:.2f} GiB ({weights_note})"],
+        ["KV cache", f"{mem['kv_cache_gib']:.2f} GiB"],
+        ["Runtime & compute buffers", f"{mem['runtime_gib']:.2f} GiB"],
+        ["Offloaded to host RAM", f"{mem['offload_gib']:.2f} GiB"],
+        ["Required device memory", f"{mem['total_gib']:.2f} GiB ({mem['total_gib'] * GIB / 1e9:.2f} GB)"],
+        ["Usable device memory", f"{g['usable_gib']:.2f} GiB of {g['memory_gib'] * g['count']:.2f} GiB"],
+        ["Headroom", f"{fit['headroom_gib']:+.2f} GiB ({fit['utilization'] * 100:.0f}% utilization)"],
+        ["Verdict", fit["verdict"]],
+        ["Max safe context", f"{fit['max_context']:,} tokens"],
+    ], ["Quantity", "Value"])
+    cost = thr["cost_per_1m_output_usd"]
+    rep.add("Throughput", "kv", [
+        ["Decode (per sequence)", f"{thr['decode_tok_s']:.1f} tok/s at {thr['decode_context']:,} tokens of context"],
+        ["Decode (all sequences)", f"{thr['decode_tok_s_total']:.1f} tok/s"],
+        ["Prefill", f"{thr['prefill_tok_s']:.0f} tok/s"],
+        [f"TTFT ({thr['prompt_tokens']:,}-token prompt)", f"{thr['ttft_ms']:.0f} ms"],
+        ["Cost per 1M output tokens", f"${cost:.2f} at ${g['cloud_usd_per_hour']}/h" if cost else "— (no hourly price)"],
+    ], ["Quantity", "Value"])
+    band = cal["error_band"]
+    rep.add("Calibration", "kv", [
+        ["Status", cal["status"]],
+        ["Scope", cal["scope"]],
+        ["Source", cal["source"]],
+        ["Error band", ", ".join(f"{k} ±{v * 100:.0f}%" for k, v in band.items()) or "— (uncalibrated)"],
+        *[[k, f"{v:g}"] for k, v in cal["coefficients"].items()],
+    ], ["Coefficient", "Value"])
+    # Context scaling.
+    rows, xs, totals, decodes = [], [], [], []
+    for ctx in contexts_for(est.model):
+        e = predict(est.model, est.device, est.quant.id, ctx, est.engine, prompt_tokens=ctx, batch=est.batch,
+                    kv_dtype=est.kv_dtype, device_count=est.device_count, offload_fraction=est.offload_fraction,
+                    flash_attn=est.flash_attn, n_ubatch=est.n_ubatch, coefficients=table or "default",
+                    host_bandwidth_gbs=est.host_bandwidth_gbs, launch=False)
+        v = e.values
+        rows.append([_ctx_label(ctx), _gib(v["kv_cache_bytes"]), _gib(v["total_bytes"]),
+                     round(v["decode_tok_s"], 1), round(v["ttft_s"], 2), e.verdict])
+        xs.append(ctx)
+        totals.append(_gib(v["total_bytes"]))
+        decodes.append(round(v["decode_tok_s"], 2))
+    rep.add("Context scaling (prompt = context)", "table", rows,
+            ["Context", "KV cache GiB", "Total GiB", "Decode tok/s", "TTFT s", "Status"])
+    rep.charts.append(Chart(f"{m['name']} {est.quant.id}: memory vs context", "context (tokens)", "GiB",
+                            {"required": (xs, totals)}, hline=g["usable_gib"], hline_label="usable"))
+    rep.charts.append(Chart("Decode speed vs context", "context (tokens)", "tok/s", {"decode": (xs, decodes)}))
+    rep.add("Launch commands", "code", [[d["launch"].get("llama_cpp", "")], [d["launch"].get("vllm", "")]])
+    return rep
+
+
+def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = "llama.cpp", *,
+                       devices: Sequence[Device] | None = None, table: Coefficients | None = None,
+                       prompt_tokens: int = 4096, kv_dtype: str | None = None, batch: int = 1) -> Report:
+    """Every device: status, total / usable, decode, TTFT, max safe context (one vectorized pass)."""
+    q = resolve_quant(quant, engine)
+    kv = resolve_kv_dtype(kv_dtype or ("f16" if engine == "llama.cpp" else "bf16"), engine)
+    devs = [d for d in (devices or load_devices()) if engine in d.engines and d.kind != "cpu"]
+    exact = arch.weights_bytes_exact if arch.weights_quant == q.id else None
+    r = sweep(arch, engine, devs, [q], [context], [batch], table=table, kv_bytes_per_element=kv.bytes_per_element,
+              prompt_tokens=prompt_tokens, exact_weights_bytes=exact)
+    order = np.lexsort((-r["decode_tok_s"][:, 0, 0, 0], r["verdict"][:, 0, 0, 0]))
+    rows = []
+    for i in order:
+        v = {k: float(a[i, 0, 0, 0]) for k, a in r.items()}
+        ok = v["verdict"] <= 2
+        status = VERDICTS[int(v["verdict"])]
+        runs = v["verdict"] <= 1
+        rows.append([
+            devs[i].name, status, f"{_gib(v['total_bytes']):.1f} / {_gib(v['usable_bytes']):.1f}",
+            round(v["decode_tok_s"], 1) if runs else ("offload" if ok else "—"),
+            round(v["ttft_s"], 2) if runs else "—",
+            _ctx_label(int(v["max_context"])) if v["max_context"] > 0 else "—",
+            f"${devs[i].price_usd:,.0f}" if devs[i].price_usd else "—",
+        ])
+    rep = Report(
+        title=f"Hardware leaderboard — {arch.name}, {q.id}, {context:,} context, {engine}",
+        subtitle=f"{len(devs)} devices; decode at batch {batch}, TTFT for a {prompt_tokens:,}-token prompt.",
+        data={"model": arch.id, "quant": q.id, "context": context, "engine": engine, "rows": [
+            dict(zip(["device", "status", "total_over_usable_gib", "decode_tok_s", "ttft_s", "max_context", "price"], r_))
+            for r_ in rows]},
+    )
+    rep.add("Devices", "table", rows, ["Hardware", "Status", "Total / usable GiB", "Decode tok/s", "TTFT s",
+                                       "Max safe ctx", "Price"])
+    return rep
+
+
+def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *, contexts: Sequence[int] | None = None,
+                  table: Coefficients | None = None, device_count: int = 1, kv_dtype: str | None = None) -> Report:
+    """Quantization x context: total memory, status and decode for each cell."""
+    names = MATRIX_QUANTS if engine == "llama.cpp" else VLLM_MATRIX_QUANTS
+    quants: list[QuantFormat] = [qf for qf in load_quants() if qf.id in names and engine in qf.engines]
+    quants.sort(key=lambda qf: -qf.bits_per_weight)
+    ctxs = list(contexts or contexts_for(arch))
+    kv = resolve_kv_dtype(kv_dtype or ("f16" if engine == "llama.cpp" else "bf16"), engine)
+    r = sweep(arch, engine, [device], quants, ctxs, [1], table=table, kv_bytes_per_element=kv.bytes_per_element,
+              device_count=device_count)
+    rows = []
+    for j, qf in enumerate(quants):
+        row = [qf.id, qf.bits_per_weight, _gib(r["weights_total_bytes"][0, j, 0, 0])]
+        for k in range(len(ctxs)):
+            v = {name: float(a[0, j, k, 0]) for name, a in r.items()}
+            speed = f", {v['decode_tok_s']:.1f} tok/s" if v["verdict"] <= 1 else ""
+            row.append(f"{_gib(v['total_bytes']):.1f} GiB {VERDICTS[int(v['verdict'])]}{speed}")
+        rows.append(row)
+    usable = _gib(r["usable_bytes"][0, 0, 0, 0])
+    rep = Report(
+        title=f"Quantization x context — {arch.name} on {device.name} ({engine})",
+        subtitle=f"Usable device memory {usable:.2f} GiB; KV cache {kv.id}; batch 1.",
+        data={"model": arch.id, "gpu": device.id, "engine": engine, "usable_gib": usable,
+              "contexts": ctxs, "rows": rows},
+    )
+    rep.add("Matrix", "table", rows, ["Quant", "Bits/weight", "Weights GiB", *[_ctx_label(c) for c in ctxs]])
+    rep.charts.append(Chart("Required memory by quantization", "context (tokens)", "GiB", {
+        qf.id: (ctxs, [_gib(x) for x in r["total_bytes"][0, j, :, 0]]) for j, qf in enumerate(quants)
+    }, hline=usable, hline_label="usable"))
+    return rep
+
+
+def catalogue_models_report(models: Sequence[ModelArch]) -> Report:
+    rows = [[m.id, m.name, round(m.params_total / 1e9, 2), round(m.params_active / 1e9, 2), m.architecture,
+             m.attention.upper() + (" MoE" if m.num_experts else ""), m.num_layers, f"{m.max_context:,}"]
+            for m in models]
+    rep = Report(title=f"Models ({len(rows)})", data=[dict(zip(
+        ["id", "name", "params_b", "active_params_b", "architecture", "attention", "layers", "max_context"], r))
+        for r in rows])
+    rep.add("Catalogue", "table", rows, ["Id", "Name", "Params B", "Active B", "Arch", "Attention", "Layers", "Max ctx"])
+    return rep
+
+
+def catalogue_devices_report(devices: Sequence[Device]) -> Report:
+    rows = [[d.id, d.name, d.kind, round(d.memory_gib, 1), d.memory_type, d.bandwidth_gbs, d.fp16_tflops,
+             d.architecture, f"${d.price_usd:,.0f}" if d.price_usd else "—",
+             f"${d.cloud_usd_per_hour}/h" if d.cloud_usd_per_hour else "—"] for d in devices]
+    rep = Report(title=f"Devices ({len(rows)})", data=[dict(zip(
+        ["id", "name", "kind", "memory_gib", "memory_type", "bandwidth_gbs", "fp16_tflops", "architecture",
+         "price", "cloud_price"], r)) for r in rows])
+    rep.add("Catalogue", "table", rows, ["Id", "Name", "Kind", "GiB", "Memory", "GB/s", "FP16 TFLOPS", "Arch",
+                                         "Price", "Cloud"])
+    return rep
+
+
+def recommend_report(arch: ModelArch, context: int, quant: str | None = None, engine: str = "llama.cpp", *,
+                     min_decode: float = 0.0, budget_usd: float | None = None, table: Coefficients | None = None,
+                     prompt_tokens: int = 4096, rig_sizes: Sequence[int] = (1, 2, 4, 8)) -> Report:
+    """Best single GPU, best value, unified memory, multi-GPU and cheapest cloud device that fit.
+
+    A candidate must fit ("fits" verdict), decode at least ``min_decode`` tok/s and cost at most
+    ``budget_usd`` (purchase price x count; devices without a price are left out when a budget is set).
+    """
+    q = resolve_quant(quant or ("Q4_K_M" if engine == "llama.cpp" else "AWQ"), engine)
+    devs = [d for d in load_devices() if engine in d.engines and d.kind != "cpu"]
+    exact = arch.weights_bytes_exact if arch.weights_quant == q.id else None
+    candidates = []  # (device, count, values)
+    for n in rig_sizes:
+        pool = devs if n == 1 else [d for d in devs if d.kind == "gpu"]
+        if not pool:
+            continue
+        r = sweep(arch, engine, pool, [q], [context], [1], table=table, device_count=n, prompt_tokens=prompt_tokens,
+                  with_max_context=False, exact_weights_bytes=exact)
+        for i, d in enumerate(pool):
+            v = {k: float(a[i, 0, 0, 0]) for k, a in r.items()}
+            if v["verdict"] != 0 or v["decode_tok_s"] < min_decode:
+                continue
+            price = d.price_usd * n if d.price_usd else None
+            if budget_usd is not None and (price is None or price > budget_usd):
+                continue
+            candidates.append((d, n, v, price))
+
+    def cheapest(pool):
+        priced = [c for c in pool if c[3]]
+        if priced:
+            return min(priced, key=lambda c: (c[3], -c[2]["decode_tok_s"]))
+        return max(pool, key=lambda c: c[2]["decode_tok_s"]) if pool else None
+
+    picks = [
+        ("Best single GPU", cheapest([c for c in candidates if c[1] == 1 and c[0].kind == "gpu"])),
+        ("Best value (tok/s per $)", max((c for c in candidates if c[3]), key=lambda c: c[2]["decode_tok_s"] / c[3],
+                                         default=None)),
+        ("Unified memory", cheapest([c for c in candidates if c[0].kind == "unified"])),
+        ("Multi-GPU", cheapest([c for c in candidates if c[1] > 1])),
+        ("Fastest", max(candidates, key=lambda c: c[2]["decode_tok_s"], default=None)),
+        ("Cloud from", min((c for c in candidates if c[0].cloud_usd_per_hour), default=None,
+                           key=lambda c: c[0].cloud_usd_per_hour * c[1])),
+    ]
+    rows, commands, data = [], [], []
+    for label, pick in picks:
+        if pick is None:
+            rows.append([label, "none fits", "—", "—", "—", "—"])
+            continue
+        d, n, v, price = pick
+        name = f"{n}x {d.name}" if n > 1 else d.name
+        cost = f"${price:,.0f}" if price else "—"
+        if label == "Cloud from":
+            cost = f"${d.cloud_usd_per_hour * n:.2f}/h"
+        rows.append([label, name, f"{_gib(v['total_bytes']):.1f} / {_gib(v['usable_bytes']):.1f}",
+                     round(v["decode_tok_s"], 1), round(v["ttft_s"], 2), cost])
+        est = predict(arch, d, q.id, context, engine, device_count=n, prompt_tokens=prompt_tokens,
+                      coefficients=table or "default")
+        commands.append([f"# {label}: {name}"])
+        commands += [[est.launch["llama_cpp"]], [est.launch["vllm"]]]
+        data.append({"pick": label, "device": d.id, "count": n, "total_gib": _gib(v["total_bytes"]),
+                     "decode_tok_s": round(v["decode_tok_s"], 2), "ttft_s": round(v["ttft_s"], 3),
+                     "price_usd": price, "launch": est.launch})
+    constraints = [f"min decode {min_decode:g} tok/s" if min_decode else "", f"budget ${budget_usd:,.0f}" if budget_usd else ""]
+    rep = Report(
+        title=f"Recommended hardware — {arch.name}, {q.id}, {context:,} context, {engine}",
+        subtitle=f"{len(candidates)} configurations fit" + "".join(f"; {c}" for c in constraints if c) + ".",
+        data={"model": arch.id, "quant": q.id, "context": context, "engine": engine, "picks": data},
+    )
+    rep.add("Recommendations", "table", rows, ["Pick", "Hardware", "Total / usable GiB", "Decode tok/s", "TTFT s", "Price"])
+    rep.add("Launch commands", "code", commands)
+    return rep

@@ -1,0 +1,121 @@
+"""Throughput formulas: decode step time, prefill time, TTFT.
+
+Decode (DESIGN.md): time per step = fixed + per-layer fixed * L + bytes read / (eta_bw * BW),
+where bytes read = active weights + KV read at the current context; a batch of B sequences reads
+the weights once per step. Layers offloaded to the host are read at host bandwidth. Tensor
+parallelism splits bytes over N devices and adds two all-reduces per layer.
+
+Prefill: time = fixed + per ubatch max(weights / (eta_bw * BW), matmul FLOPs / (eta_fl * FLOPS))
++ attention FLOPs (n^2) / (eta_attn * FLOPS). Times are seconds; inputs are scalars or arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from predictor.architecture import ModelArch
+
+GB = 1e9
+TFLOP = 1e12
+
+
+def moe_active_fraction(arch: ModelArch, batch):
+    """Share of routed-expert weights read in one decode step of ``batch`` tokens.
+
+    With E experts and k chosen per token, B independent tokens touch E * (1 - (1 - k/E)^B)
+    distinct experts per layer on average.
+    """
+    if not arch.num_experts:
+        return np.zeros_like(np.asarray(batch, float))
+    e, k = float(arch.num_experts), float(arch.experts_per_token)
+    return 1.0 - (1.0 - k / e) ** np.asarray(batch, float)
+
+
+def decode_weight_bytes_per_step(arch: ModelArch, total_weights_bytes, batch):
+    """Weight bytes streamed per decode step: active parameters, plus the experts a batch touches."""
+    bytes_per_param = total_weights_bytes / arch.params_total
+    if not arch.num_experts:
+        return arch.params_active * bytes_per_param
+    dense_active = arch.params_active - arch.params_expert * arch.experts_per_token / arch.num_experts
+    expert_params = arch.params_expert * moe_active_fraction(arch, batch)
+    return (dense_active + expert_params) * bytes_per_param
+
+
+def decode_step_seconds(
+    arch: ModelArch,
+    coeffs,
+    *,
+    device_weight_bytes,
+    host_weight_bytes,
+    kv_read_bytes,
+    bandwidth_gbs,
+    host_bandwidth_gbs,
+    device_count=1,
+    tensor_parallel: bool = True,
+):
+    """Time of one decode step (one token for each sequence of the batch), seconds.
+
+    ``device_weight_bytes``/``host_weight_bytes``: weights streamed from device and host memory;
+    ``kv_read_bytes``: KV cache read by the step (all sequences). Tensor parallelism divides the
+    device bytes over ``device_count`` devices; layer split (llama.cpp) does not.
+    """
+    n = np.asarray(device_count, float)
+    split = n if tensor_parallel else 1.0
+    device_bytes = (np.asarray(device_weight_bytes, float) + np.asarray(kv_read_bytes, float)) / split
+    t_device = device_bytes / (coeffs["decode_bw_efficiency"] * np.asarray(bandwidth_gbs, float) * GB)
+    t_host = np.asarray(host_weight_bytes, float) / (
+        coeffs["host_bw_efficiency"] * np.asarray(host_bandwidth_gbs, float) * GB
+    )
+    t_fixed = coeffs["decode_fixed_ms"] * 1e-3 + coeffs["decode_fixed_per_layer_us"] * 1e-6 * arch.num_layers
+    t_comm = np.where(n > 1, 2.0 * arch.num_layers * coeffs["tp_allreduce_us"] * 1e-6, 0.0) if tensor_parallel else 0.0
+    return t_fixed + t_device + t_host + t_comm
+
+
+def prefill_matmul_flops(arch: ModelArch, prompt_tokens):
+    """FLOPs of the weight matmuls for a prompt: 2 x active parameters x tokens (embedding excluded)."""
+    return 2.0 * arch.params_active * np.asarray(prompt_tokens, float)
+
+
+def prefill_attention_flops(arch: ModelArch, prompt_tokens):
+    """FLOPs of causal attention over a prompt of n tokens: full layers ~ n^2/2, window layers ~ n*W."""
+    n = np.asarray(prompt_tokens, float)
+    full = arch.attn_flops_per_position_full * n * n / 2.0
+    if arch.attn_flops_per_position_window and arch.sliding_window:
+        w = np.minimum(n, float(arch.sliding_window))
+        window = arch.attn_flops_per_position_window * (n * w - w * w / 2.0)
+    else:
+        window = 0.0
+    return full + window
+
+
+def prefill_seconds(
+    arch: ModelArch,
+    coeffs,
+    *,
+    prompt_tokens,
+    n_ubatch,
+    device_weight_bytes,
+    host_weight_bytes,
+    bandwidth_gbs,
+    tflops,
+    device_count=1,
+    tensor_parallel: bool = True,
+):
+    """Time to process a prompt of ``prompt_tokens`` tokens, seconds.
+
+    Each ubatch streams the device weights once (bandwidth bound for short prompts) or is limited
+    by matmul FLOPs (long prompts); host-resident layers are copied over PCIe per ubatch (llama.cpp
+    runs large batches of offloaded layers on the GPU). Attention adds its n^2 FLOPs.
+    """
+    n = np.maximum(np.asarray(prompt_tokens, float), 1.0)
+    ub = np.maximum(np.asarray(n_ubatch, float), 1.0)
+    n_ub = np.ceil(n / ub)
+    split = np.asarray(device_count, float) if tensor_parallel else 1.0
+    peak = np.asarray(tflops, float) * TFLOP * split
+    t_bw = n_ub * np.asarray(device_weight_bytes, float) / split / (
+        coeffs["decode_bw_efficiency"] * np.asarray(bandwidth_gbs, float) * GB
+    )
+    t_mm = prefill_matmul_flops(arch, n) / (coeffs["prefill_compute_efficiency"] * peak)
+    t_attn = prefill_attention_flops(arch, n) / (coeffs["prefill_attn_efficiency"] * peak)
+    t_pcie = n_ub * np.asarray(host_weight_bytes, float) / (coeffs["pcie_gbs"] * GB)
+    return coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie
