@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -46,14 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"benchcal {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"benchcal.commands.{name}")
-        except ImportError as exc:  # a command whose optional dependency is missing
-            if os.environ.get("BENCHCAL_DEBUG"):
-                raise
-            print(f"benchcal: warning: commands in {name} unavailable: {exc}", file=sys.stderr)
+        if importlib.util.find_spec(f"benchcal.commands.{name}") is None:
             continue
-        module.register(sub)
+        importlib.import_module(f"benchcal.commands.{name}").register(sub)
     return parser
 
 

@@ -17,10 +17,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import time  # noqa: E402
 
 from predictor.devices import load_devices  # noqa: E402
-from predictor.quants import load_quants  # noqa: E402
-
 from predictor.grid import sweep  # noqa: E402
 from predictor.models import resolve_model  # noqa: E402
+from predictor.quants import quant_formats  # noqa: E402
 
 CONTEXTS = [1024 * 2**i for i in range(8)] + [3000, 6000, 12000, 24000, 48000, 96000, 20000, 40000]
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -34,7 +33,7 @@ def run(model: str, repeat: int, with_max_context: bool) -> tuple[int, float]:
         t0 = time.perf_counter()
         n = 0
         for engine in ("llama.cpp", "vllm"):
-            quants = [q for q in load_quants() if engine in q.engines]
+            quants = [q for q in quant_formats() if engine in q.engines]
             devs = [d for d in devices if engine in d.engines]
             ctxs = [c for c in CONTEXTS if c <= arch.max_context]
             out = sweep(arch, engine, devs, quants, ctxs, BATCHES, with_max_context=with_max_context)

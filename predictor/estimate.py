@@ -97,7 +97,8 @@ def evaluate(
     total = dev_w + dev_kv + runtime
     usable = mem.usable_device_bytes(memory_gib, usable_gib, kind, coeffs["reserve_gib"]) * n_dev
     util = total / usable
-    offload_bytes = host_w - np.where(on_gpu, host_embd, 0.0) + kv_total * kv_host_share
+    # Layers (and, for llama.cpp, their KV) kept in host RAM; the input embedding is not counted.
+    offload_bytes = frac * (layer_w + (kv_total if engine == "llama.cpp" else 0.0)) + np.where(out_on_device, 0.0, out_w)
     # Verdict: fits / tight / needs offload (a discrete GPU that can hold the runtime and the host
     # can hold the rest) / does not fit.
     host_usable = _arr(host_memory_gib) * GIB * 0.9
@@ -119,7 +120,9 @@ def evaluate(
         host_weight_bytes=step_w - step_dev,
         kv_read_bytes=kv_read * (1.0 - kv_host_share),
         bandwidth_gbs=bw,
-        host_bandwidth_gbs=np.where(kind == "gpu", _arr(host_bandwidth_gbs), bw),
+        # vLLM's cpu_offload_gb streams the offloaded weights over PCIe every step.
+        host_bandwidth_gbs=np.where(kind == "gpu", _arr(host_bandwidth_gbs) if engine == "llama.cpp"
+                                    else np.minimum(_arr(host_bandwidth_gbs), coeffs["pcie_gbs"]), bw),
         device_count=n_dev,
         tensor_parallel=tensor_parallel,
     )
@@ -213,6 +216,7 @@ class Estimate:
     values: dict[str, float]
     weights_exact: bool
     host_bandwidth_gbs: float
+    throughput_offload_fraction: float = 0.0  # the offload the speeds assume (the recommended one when needed)
     launch: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -268,6 +272,7 @@ class Estimate:
                 "utilization": round(float(v["utilization"]), 4),
                 "max_context": int(v["max_context"]),
                 "max_gpu_layers": int(v["max_gpu_layers"]),
+                "recommended_offload_gib": _r(v.get("recommended_offload_bytes", 0.0) / GIB),
             },
             "throughput": {
                 "decode_tok_s": _r(v["decode_tok_s"], 2),
@@ -277,6 +282,7 @@ class Estimate:
                 "ttft_ms": _r(v["ttft_s"] * 1000.0, 1),
                 "prompt_tokens": self.prompt_tokens,
                 "host_bandwidth_gbs": self.host_bandwidth_gbs,
+                "offload_fraction": round(self.throughput_offload_fraction, 4),
                 "cost_per_1m_output_usd": cost,
             },
             "calibration": {
@@ -289,8 +295,16 @@ class Estimate:
         }
 
 
-def _r(x, nd: int = 3) -> float:
-    return round(float(x), nd)
+def _r(x, nd: int = 3) -> float | None:
+    """Round for the JSON contract; a figure the catalogue cannot give (NaN) becomes null."""
+    x = float(x)
+    return None if x != x else round(x, nd)
+
+
+def require_bits(quant: QuantFormat, exact_weights_bytes: float | None) -> None:
+    """A per-model mix (UD-Q2_K_XL) has no fixed bits per weight: only a GGUF file can size it."""
+    if quant.bits_per_weight is None and exact_weights_bytes is None:
+        raise BenchcalError(f"{quant.id} is a per-model mix with no fixed bits per weight: pass its GGUF file as --model")
 
 
 def resolve_engine(engine: str) -> str:
@@ -306,8 +320,8 @@ def device_kwargs(device: Device) -> dict[str, Any]:
         "memory_gib": device.memory_gib,
         "usable_gib": np.nan if device.usable_gib is None else device.usable_gib,
         "kind": device.kind,
-        "bandwidth_gbs": device.bandwidth_gbs,
-        "tflops": device.fp16_tflops or 1.0,
+        "bandwidth_gbs": np.nan if device.bandwidth_gbs is None else device.bandwidth_gbs,
+        "tflops": np.nan if device.fp16_tflops is None else device.fp16_tflops,
     }
 
 
@@ -367,6 +381,7 @@ def predict(
         table = load_coefficients(coefficients)
     cset = table.lookup(eng, dev.id, dev.family)
     exact = arch.weights_bytes_exact if (arch.weights_bytes_exact and arch.weights_quant == q.id) else None
+    require_bits(q, exact)
     host_bw = float(host_bandwidth_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else DEFAULT_HOST_BANDWIDTH_GBS))
     values = evaluate(
         arch, eng, cset,
@@ -381,11 +396,27 @@ def predict(
         host_memory_gib=host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
     )
     scalars = {k: float(np.asarray(val).reshape(-1)[0]) for k, val in values.items()}
+    throughput_offload = float(offload_fraction)
+    if VERDICTS[int(scalars["verdict"])] == "needs offload" and offload_fraction == 0:
+        # Memory and verdict describe the configuration asked for; the speeds describe the one that
+        # runs: the most layers that fit on the device, the rest in host RAM.
+        layers = arch.num_layers
+        throughput_offload = 1.0 - min(scalars["max_gpu_layers"], layers) / layers
+        rerun = evaluate(arch, eng, cset, **device_kwargs(dev), bits_per_weight=q.bits_per_weight,
+                         bits_per_weight_non_expert=q.bits_per_weight_non_expert, exact_weights_bytes=exact,
+                         kv_bytes_per_element=kv.bytes_per_element, context=context, batch=batch,
+                         prompt_tokens=prompt_tokens, device_count=device_count,
+                         offload_fraction=throughput_offload, flash_attn=flash_attn, n_ubatch=n_ubatch,
+                         host_bandwidth_gbs=host_bw, host_memory_gib=host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
+                         with_max_context=False)
+        for key in ("decode_step_s", "decode_tok_s", "decode_tok_s_total", "prefill_s", "prefill_tok_s", "ttft_s"):
+            scalars[key] = float(np.asarray(rerun[key]).reshape(-1)[0])
+        scalars["recommended_offload_bytes"] = float(np.asarray(rerun["offload_bytes"]).reshape(-1)[0])
     est = Estimate(
         model=arch, device=dev, quant=q, engine=eng, context=int(context), batch=int(batch), kv_dtype=kv.id,
         device_count=int(device_count), prompt_tokens=int(prompt_tokens), offload_fraction=float(offload_fraction),
         flash_attn=bool(flash_attn), n_ubatch=int(n_ubatch), coefficients=cset, values=scalars,
-        weights_exact=exact is not None, host_bandwidth_gbs=host_bw,
+        weights_exact=exact is not None, host_bandwidth_gbs=host_bw, throughput_offload_fraction=throughput_offload,
     )
     if launch:
         from predictor.launch import launch_commands  # local: launch builds a sibling prediction

@@ -53,8 +53,8 @@ def sweep(
         "memory_gib": np.array([d.memory_gib for d in devices])[col],
         "usable_gib": np.array([np.nan if d.usable_gib is None else d.usable_gib for d in devices])[col],
         "kind": np.array([d.kind for d in devices])[col],
-        "bandwidth_gbs": np.array([d.bandwidth_gbs for d in devices])[col],
-        "tflops": np.array([d.fp16_tflops or 1.0 for d in devices])[col],
+        "bandwidth_gbs": np.array([np.nan if d.bandwidth_gbs is None else d.bandwidth_gbs for d in devices])[col],
+        "tflops": np.array([np.nan if d.fp16_tflops is None else d.fp16_tflops for d in devices])[col],
     }
     q = (None, slice(None), None, None)
     bpw = np.array([qf.bits_per_weight for qf in quants])[q]

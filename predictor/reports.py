@@ -13,9 +13,9 @@ import numpy as np
 from predictor.architecture import ModelArch
 from predictor.coefficients import Coefficients
 from predictor.devices import Device, load_devices
-from predictor.estimate import GIB, VERDICTS, Estimate, predict
+from predictor.estimate import GIB, VERDICTS, Estimate, predict, require_bits
 from predictor.grid import sweep
-from predictor.quants import QuantFormat, load_quants, resolve_kv_dtype, resolve_quant
+from predictor.quants import QuantFormat, quant_formats, resolve_kv_dtype, resolve_quant
 from predictor.render import Chart, Report
 
 STANDARD_CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072)
@@ -63,8 +63,15 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
         ["Usable device memory", f"{g['usable_gib']:.2f} GiB of {g['memory_gib'] * g['count']:.2f} GiB"],
         ["Headroom", f"{fit['headroom_gib']:+.2f} GiB ({fit['utilization'] * 100:.0f}% utilization)"],
         ["Verdict", fit["verdict"]],
-        ["Max safe context", f"{fit['max_context']:,} tokens"],
+        ["Max safe context", f"{fit['max_context']:,} tokens" if fit["max_context"] else "none without offload"],
     ], ["Quantity", "Value"])
+    if fit["verdict"] == "needs offload":
+        layers = est.model.num_layers
+        on_gpu = min(fit["max_gpu_layers"], layers)
+        rep.sections[-1].note = (
+            f"Needs offload: {on_gpu} of {layers} layers fit on the device (-ngl {on_gpu}); "
+            f"{fit['recommended_offload_gib']:.2f} GiB of layers and their KV stay in host RAM. "
+            "The speeds below are for that configuration.")
     cost = thr["cost_per_1m_output_usd"]
     rep.add("Throughput", "kv", [
         ["Decode (per sequence)", f"{thr['decode_tok_s']:.1f} tok/s at {thr['decode_context']:,} tokens of context"],
@@ -79,7 +86,7 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
         ["Scope", cal["scope"]],
         ["Source", cal["source"]],
         ["Error band", ", ".join(f"{k} ±{v * 100:.0f}%" for k, v in band.items()) or "— (uncalibrated)"],
-        *[[k, f"{v:g}"] for k, v in cal["coefficients"].items()],
+        *[[k, f"{v:g}"] for k, v in cal["coefficients"].items() if est.engine == "vllm" or not k.startswith("vllm_")],
     ], ["Coefficient", "Value"])
     # Context scaling.
     rows, xs, totals, decodes = [], [], [], []
@@ -111,6 +118,7 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
     kv = resolve_kv_dtype(kv_dtype or ("f16" if engine == "llama.cpp" else "bf16"), engine)
     devs = [d for d in (devices or load_devices()) if engine in d.engines and d.kind != "cpu"]
     exact = arch.weights_bytes_exact if arch.weights_quant == q.id else None
+    require_bits(q, exact)
     r = sweep(arch, engine, devs, [q], [context], [batch], table=table, kv_bytes_per_element=kv.bytes_per_element,
               prompt_tokens=prompt_tokens, exact_weights_bytes=exact)
     order = np.lexsort((-r["decode_tok_s"][:, 0, 0, 0], r["verdict"][:, 0, 0, 0]))
@@ -143,7 +151,8 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
                   table: Coefficients | None = None, device_count: int = 1, kv_dtype: str | None = None) -> Report:
     """Quantization x context: total memory, status and decode for each cell."""
     names = MATRIX_QUANTS if engine == "llama.cpp" else VLLM_MATRIX_QUANTS
-    quants: list[QuantFormat] = [qf for qf in load_quants() if qf.id in names and engine in qf.engines]
+    quants: list[QuantFormat] = [qf for qf in quant_formats()
+                                 if qf.id in names and engine in qf.engines and qf.bits_per_weight]
     quants.sort(key=lambda qf: -qf.bits_per_weight)
     ctxs = list(contexts or contexts_for(arch))
     kv = resolve_kv_dtype(kv_dtype or ("f16" if engine == "llama.cpp" else "bf16"), engine)
@@ -205,6 +214,7 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
     q = resolve_quant(quant or ("Q4_K_M" if engine == "llama.cpp" else "AWQ"), engine)
     devs = [d for d in load_devices() if engine in d.engines and d.kind != "cpu"]
     exact = arch.weights_bytes_exact if arch.weights_quant == q.id else None
+    require_bits(q, exact)
     candidates = []  # (device, count, values)
     for n in rig_sizes:
         pool = devs if n == 1 else [d for d in devs if d.kind == "gpu"]

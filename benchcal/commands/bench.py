@@ -1,0 +1,328 @@
+"""Measurement commands: ``bench`` (measure configs with a real engine) and ``runs`` (list stored runs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from harness import records
+from predictor.errors import BenchcalError, positive
+
+RAW = argparse.RawDescriptionHelpFormatter
+GIB = 2**30
+
+BENCH_EPILOG = """\
+examples:
+  benchcal bench --gpu cpu --model smollm2-135m --quant Q8_0 --ctx 2048 --prompt 64,256 --gen 32
+  benchcal bench --gpu auto --model llama-3.1-8b --quant Q4_K_M --ctx 8192 --prompt 512,2048
+  benchcal bench --gpu l4 --model qwen2.5-7b --weights ./qwen2.5-7b-instruct-q4_k_m.gguf
+  benchcal bench --sweep cpu-smoke            # a shipped sweep (harness/sweeps/cpu-smoke.toml); resumes
+  benchcal bench --sweep my-sweep.toml --runs-dir runs/
+
+Weights are synthetic by default: a GGUF with the model's real tensor shapes and random values, built
+once and cached under ~/.cache/benchcal (BENCHCAL_CACHE). Speed and memory do not depend on the values.
+Every run is stored as one JSON record under the runs directory (--runs-dir, BENCHCAL_RUNS, ./runs),
+failed ones too (status oom, crash, timeout, interrupted). Exit status: 0 when every run is ok, 1 when
+some run failed, 2 on bad input.
+"""
+
+RUNS_EPILOG = """\
+examples:
+  benchcal runs
+  benchcal runs --format csv > runs.csv
+  benchcal runs --model smollm2-135m --status ok --format json
+"""
+
+TABLE_COLUMNS = ("id", "status", "model", "quant", "engine", "device", "context", "prompt_tokens", "ttft_ms",
+                 "prefill_tok_s", "decode_tok_s", "pred_decode_tok_s", "peak_memory_bytes", "pred_verdict")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``bench`` and ``runs`` subcommands."""
+    bench = subparsers.add_parser("bench", help="measure configs with llama.cpp or vLLM and store run records",
+                                  description="Measure load time, TTFT, prefill and decode throughput and peak "
+                                  "memory of a config with a real engine, next to the predictor's figures.",
+                                  epilog=BENCH_EPILOG, formatter_class=RAW)
+    bench.add_argument("--gpu", default="auto", help="auto (the NVIDIA GPU if there is one, else cpu), cpu, or the "
+                       "catalogue id of this machine's GPU (default auto)")
+    bench.add_argument("--model", help="catalogue model id (smollm2-135m, llama-3.1-8b, ...)")
+    bench.add_argument("--engine", default="llama.cpp", help="llama.cpp or vllm (default llama.cpp)")
+    bench.add_argument("--quant", default=None, help="weight format: F16, Q8_0, Q4_0, Q4_K_M, ... "
+                       "(default Q4_K_M for llama.cpp)")
+    bench.add_argument("--ctx", type=int, default=2048, help="context length in tokens (default 2048)")
+    bench.add_argument("--prompt", default="128,512", help="prompt lengths in tokens, comma-separated (default 128,512)")
+    bench.add_argument("--gen", type=int, default=64, help="tokens to generate per decode run (default 64)")
+    bench.add_argument("--reps", type=int, default=5, help="measured repetitions (default 5)")
+    bench.add_argument("--warmup", type=int, default=1, help="warm-up runs before the repetitions (default 1)")
+    bench.add_argument("--kv-dtype", default="f16", help="KV cache dtype: f16, q8_0, ... (default f16)")
+    bench.add_argument("--flash-attn", action="store_true", help="enable flash attention (llama.cpp)")
+    bench.add_argument("--n-gpu-layers", type=int, default=None, help="layers on the GPU (llama.cpp; default all)")
+    bench.add_argument("--weights", default="synthetic", help="synthetic (default), hub, or a path to a .gguf")
+    bench.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+    bench.add_argument("--override", action="append", default=[], metavar="KEY=N",
+                       help="shrink a synthetic model, e.g. --override num_layers=4 --override vocab_size=4096 "
+                       "(recorded in the config)")
+    bench.add_argument("--sweep", default=None, help="a sweep TOML file, or the name of a shipped sweep")
+    bench.add_argument("--no-resume", action="store_true", help="with --sweep: re-measure configs already stored")
+    bench.add_argument("--timeout", type=float, default=None, help="seconds per run before it is killed (default 900)")
+    bench.add_argument("--runs-dir", default=None, help="where records go (default: $BENCHCAL_RUNS or ./runs)")
+    bench.set_defaults(func=cmd_bench)
+
+    runs = subparsers.add_parser("runs", help="list stored run records", description="List stored run records "
+                                 "as a table, JSON or CSV (one row per run, flat columns).",
+                                 epilog=RUNS_EPILOG, formatter_class=RAW)
+    runs.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format")
+    runs.add_argument("--runs-dir", default=None, help="records directory (default: $BENCHCAL_RUNS or ./runs)")
+    runs.add_argument("--model", default=None, help="only this model")
+    runs.add_argument("--engine", default=None, help="only this engine")
+    runs.add_argument("--device", default=None, help="only this device")
+    runs.add_argument("--status", default=None, help="only this status (ok, oom, crash, timeout, interrupted)")
+    runs.set_defaults(func=cmd_runs)
+
+
+# ------------------------------------------------------------------------------------------------ device
+
+
+def _nvml_gpu_name() -> str | None:
+    from harness.samplers import gpu_snapshot
+
+    snap = gpu_snapshot(0)
+    return snap.get("device_name") if snap else None
+
+
+def _catalogue_id(name: str) -> str:
+    """The catalogue id for a device name, or a slug of the name when the catalogue does not know it."""
+    try:
+        from predictor.devices import resolve_device
+
+        return resolve_device(name).id
+    except (ImportError, BenchcalError):
+        return records.safe_component(name).lower()
+
+
+def resolve_bench_device(requested: str) -> str:
+    """``cpu``, or the catalogue id of this machine's GPU; BenchcalError when ``requested`` is another GPU."""
+    wanted = (requested or "auto").strip()
+    if wanted.lower() == "cpu":
+        return "cpu"
+    gpu_name = _nvml_gpu_name()
+    if wanted.lower() == "auto":
+        return _catalogue_id(gpu_name) if gpu_name else "cpu"
+    from predictor.devices import resolve_device
+
+    device = resolve_device(wanted)
+    if gpu_name is None:
+        raise BenchcalError(f"--gpu {wanted}: no NVIDIA GPU found on this machine (use --gpu cpu or --gpu auto)")
+    present = _catalogue_id(gpu_name)
+    if present != device.id:
+        raise BenchcalError(f"--gpu {wanted}: this machine's GPU is {gpu_name} ({present}), not {device.name}")
+    return device.id
+
+
+# ------------------------------------------------------------------------------------------------- bench
+
+
+def _prompt_lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(p) for p in str(text).replace(" ", "").split(",") if p]
+    except ValueError as exc:
+        raise BenchcalError(f"--prompt takes comma-separated token counts, got {text!r}") from exc
+    if not lengths or min(lengths) <= 0:
+        raise BenchcalError(f"--prompt takes positive token counts, got {text!r}")
+    return lengths
+
+
+def config_from_args(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """One run config from the ``bench`` flags."""
+    if not args.model:
+        raise BenchcalError("bench needs --model (or --sweep FILE)")
+    options: dict[str, Any] = {"flash_attn": bool(args.flash_attn)}
+    if args.n_gpu_layers is not None:
+        options["n_gpu_layers"] = args.n_gpu_layers
+    if args.threads:
+        options["threads"] = int(positive("--threads", args.threads))
+    engine = args.engine.strip().lower()
+    overrides = _overrides(args.override)
+    config = {
+        "model": args.model, "engine": engine, "device": device,
+        "quant": args.quant or ("Q4_K_M" if engine == "llama.cpp" else None),
+        "weights": args.weights, "model_source": "catalogue" if args.weights in ("synthetic", "hub") else "path",
+        "context": int(positive("--ctx", args.ctx)), "prompt_tokens": _prompt_lengths(args.prompt),
+        "gen_tokens": int(args.gen), "reps": int(positive("--reps", args.reps)), "warmup": int(args.warmup),
+        "kv_dtype": args.kv_dtype, "engine_options": options,
+    }
+    if overrides:
+        config["arch_overrides"] = overrides
+    return config
+
+
+def _overrides(items: list[str]) -> dict[str, int]:
+    """``["num_layers=4"]`` -> ``{"num_layers": 4}``."""
+    out: dict[str, int] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise BenchcalError(f"--override takes KEY=N (e.g. num_layers=4), got {item!r}")
+        out[key.strip()] = int(value)
+    return out
+
+
+class _Progress:
+    """A rich progress bar fed by the child's events."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                 TimeElapsedColumn(), console=self.console, transient=False)
+        self.task: Any = None
+
+    def __enter__(self) -> _Progress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def start(self, config: dict[str, Any]) -> None:
+        runs = int(config["warmup"]) + int(config["reps"])
+        phases = len(config["prompt_tokens"]) + (1 if int(config["gen_tokens"]) >= 2 else 0)
+        label = f"{config['model']} {config.get('quant') or ''} ctx {config['context']} on {config['device']}"
+        self.task = self.progress.add_task(label, total=1 + phases * runs)
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event.get("event") in ("loaded", "prefill", "decode"):
+            self.progress.advance(self.task)
+
+    def say(self, message: str) -> None:
+        self.console.print(f"[yellow]{message}[/yellow]")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from harness.protocol import Interrupted, prepare_config, run_config
+
+    root = records.runs_dir(args.runs_dir)
+    device = resolve_bench_device(args.gpu)
+    if args.sweep:
+        from harness.sweep import load_sweep, pending
+
+        sweep = load_sweep(args.sweep)
+        configs = [prepare_config(_sweep_config(c, args, device)) for c in sweep.configs]
+        todo, skipped = pending(configs, root) if not args.no_resume else (configs, [])
+        timeout = args.timeout or sweep.timeout_s
+        print(f"sweep {sweep.name}: {len(todo)} to run, {len(skipped)} already measured", file=sys.stderr)
+    else:
+        todo, timeout = [config_from_args(args, device)], args.timeout
+    outcomes = []
+    with _Progress() as progress:
+        for config in todo:
+            progress.start(prepare_config(config))
+            try:
+                outcomes.append(run_config(config, root, timeout_s=timeout, on_event=progress.on_event,
+                                           say=progress.say))
+            except Interrupted as stop:
+                progress.say(f"interrupted; record written to {stop.path}")
+                raise
+    if outcomes:
+        print(render_comparison([o.record for o in outcomes], [str(o.path) for o in outcomes]))
+    return 0 if all(o.record["status"] == "ok" for o in outcomes) else 1
+
+
+def _sweep_config(config: dict[str, Any], args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """A sweep config with ``device = "auto"`` resolved and ``--threads`` applied."""
+    out = dict(config)
+    if str(out.get("device", "auto")).lower() == "auto":
+        out["device"] = device
+    elif str(out["device"]).lower() != "cpu":
+        out["device"] = resolve_bench_device(str(out["device"]))
+    if args.threads:
+        out["engine_options"] = {**(out.get("engine_options") or {}), "threads": args.threads}
+    return out
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def render_comparison(stored: list[dict[str, Any]], paths: list[str]) -> str:
+    """Measured vs predicted, one row per run, as a plain-text table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="measured vs predicted", show_lines=False)
+    for title in ("model", "quant", "ctx", "status", "TTFT ms", "prefill tok/s", "decode tok/s", "peak GiB",
+                  "verdict"):
+        table.add_column(title, justify="right" if title not in ("model", "status", "verdict") else "left")
+    for record, path in zip(stored, paths, strict=True):
+        row = records.run_row(path, record)
+        memory_gib = row["peak_memory_bytes"] / GIB if row["peak_memory_bytes"] else None
+        table.add_row(
+            str(row["model"]), str(row["quant"]), str(row["context"]),
+            row["status"] + ("" if not row["prediction_error"] else " (prediction error)"),
+            f"{_fmt(row['ttft_ms'])} / {_fmt(row['pred_ttft_ms'])}",
+            f"{_fmt(row['prefill_tok_s'], 0)} / {_fmt(row['pred_prefill_tok_s'], 0)}",
+            f"{_fmt(row['decode_tok_s'])} / {_fmt(row['pred_decode_tok_s'])}",
+            f"{_fmt(memory_gib, 2)} / {_fmt(row['pred_memory_total_gib'], 2)}",
+            str(row["pred_verdict"] or "-"),
+        )
+    console = Console(record=True, width=140, file=_Null())
+    console.print(table)
+    console.print("measured / predicted; peak memory: " + ", ".join(
+        sorted({str(r['memory'].get('peak_source')) for r in stored})))
+    return console.export_text()
+
+
+class _Null:
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        return None
+
+
+# -------------------------------------------------------------------------------------------------- runs
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    frame = records.load_runs(records.runs_dir(args.runs_dir),
+                              on_error=lambda path, message: print(f"benchcal: skipping {path}: {message}",
+                                                                   file=sys.stderr))
+    for column in ("model", "engine", "device", "status"):
+        wanted = getattr(args, column)
+        if wanted:
+            frame = frame[frame[column] == wanted]
+    if args.format == "csv":
+        sys.stdout.write(frame.to_csv(index=False))
+    elif args.format == "json":
+        sys.stdout.write(json.dumps(json.loads(frame.to_json(orient="records")), indent=1) + "\n")
+    else:
+        print(_runs_table(frame))
+    return 0
+
+
+def _runs_table(frame: Any) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(frame)} runs")
+    for column in TABLE_COLUMNS:
+        table.add_column(column)
+    for row in frame.to_dict(orient="records"):
+        cells = []
+        for column in TABLE_COLUMNS:
+            value = row.get(column)
+            if column == "peak_memory_bytes" and value == value and value is not None:
+                value = f"{value / GIB:.2f} GiB"
+            cells.append(_fmt(value))
+        table.add_row(*cells)
+    console = Console(record=True, width=200, file=_Null())
+    console.print(table)
+    return console.export_text()

@@ -1,0 +1,208 @@
+"""The device catalogue: GPUs, accelerators and unified-memory machines the predictor knows.
+
+Every figure comes from ``predictor/data/devices.json``, where each device carries the URL that backs
+it (``sources``: figure -> URL) and, where a figure is derived, missing or uncertain, a one-line
+explanation (``notes``: figure -> text). Units: memory in GiB (2**30 bytes) except the marketed
+``memory_label_gb``; bandwidth in GB/s (10**9 bytes per second); compute in TFLOPS (10**12 FLOP/s,
+dense, FP16/BF16 tensor inputs, FP32 accumulate where the vendor distinguishes); power in watts.
+
+The host CPU is not a catalogue entry: its figures are measured or passed in, so it is built with
+:func:`cpu_device`.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from predictor.errors import BenchcalError, positive, suggest
+
+DEVICES_PATH = Path(__file__).with_name("data") / "devices.json"
+
+ENGINES = ("llama.cpp", "vllm")
+KINDS = ("gpu", "unified", "cpu")
+VENDORS = ("nvidia", "amd", "intel", "apple", "huawei", "cambricon", "hygon", "metax", "kunlunxin",
+           "moorethreads", "cpu")
+# Words dropped before matching a name, so "NVIDIA GeForce RTX 4090" and "RTX 4090" meet.
+_NOISE_WORDS = ("nvidia", "geforce", "(r)", "(tm)", "®", "™")
+# Figures that may be null in the data file, each only with a note saying why.
+NULLABLE_FIGURES = ("usable_gib", "bandwidth_gbs", "fp16_tflops", "tdp_w", "price_usd", "cloud_usd_per_hour")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device. Memory in GiB, bandwidth in GB/s, compute in dense FP16 tensor TFLOPS.
+
+    ``bandwidth_gbs`` and ``fp16_tflops`` are None only where no public source gives the figure;
+    ``notes`` then says so. ``usable_gib`` is set only where a documented rule caps what an engine
+    may allocate (macOS GPU wired limit, AMD Variable Graphics Memory); otherwise the predictor
+    applies its own reserve to ``memory_gib``.
+    """
+
+    id: str
+    name: str
+    vendor: str
+    kind: str
+    memory_gib: float
+    memory_label_gb: float
+    usable_gib: float | None
+    bandwidth_gbs: float | None
+    fp16_tflops: float | None
+    memory_type: str
+    architecture: str
+    form_factor: str
+    tdp_w: float | None
+    price_usd: float | None
+    cloud_usd_per_hour: float | None
+    engines: tuple[str, ...]
+    aliases: tuple[str, ...]
+    sources: dict[str, str] = field(hash=False)
+    notes: dict[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def family(self) -> str:
+        """Calibration fallback group, e.g. ``"hbm3/hopper"``."""
+        return f"{self.memory_type}/{self.architecture}".lower()
+
+    @property
+    def memory_bytes(self) -> int:
+        """Software-visible capacity in bytes."""
+        return int(self.memory_gib * 2**30)
+
+    def supports(self, engine: str) -> bool:
+        """True when ``engine`` ("llama.cpp" or "vllm") runs on this device."""
+        return engine in self.engines
+
+
+def normalize_name(text: str) -> str:
+    """Matching key for a device name: lower case, vendor noise words and punctuation removed.
+
+    "NVIDIA GeForce RTX 4090", "rtx-4090" and "RTX 4090" all give ``"rtx4090"``.
+    """
+    lowered = unicodedata.normalize("NFKC", text).lower()
+    for word in _NOISE_WORDS:
+        lowered = lowered.replace(word, " ")
+    return "".join(ch for ch in lowered if ch.isalnum())
+
+
+def _device_from_record(record: dict) -> Device:
+    """Build a Device from one JSON object, checking it against the catalogue rules."""
+    did = record.get("id", "?")
+    device = Device(
+        id=record["id"], name=record["name"], vendor=record["vendor"], kind=record["kind"],
+        memory_gib=float(record["memory_gib"]), memory_label_gb=float(record["memory_label_gb"]),
+        usable_gib=_optional_float(record["usable_gib"]), bandwidth_gbs=_optional_float(record["bandwidth_gbs"]),
+        fp16_tflops=_optional_float(record["fp16_tflops"]), memory_type=record["memory_type"],
+        architecture=record["architecture"], form_factor=record["form_factor"],
+        tdp_w=_optional_float(record["tdp_w"]), price_usd=_optional_float(record["price_usd"]),
+        cloud_usd_per_hour=_optional_float(record["cloud_usd_per_hour"]),
+        engines=tuple(record["engines"]), aliases=tuple(record["aliases"]),
+        sources=dict(record["sources"]), notes=dict(record.get("notes", {})),
+    )
+    problems = _record_problems(device)
+    if problems:
+        raise ValueError(f"devices.json: device {did!r}: " + "; ".join(problems))
+    return device
+
+
+def _optional_float(value: float | int | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _record_problems(device: Device) -> list[str]:
+    """Rule violations of one catalogue entry (empty when it is sound)."""
+    problems = []
+    if device.kind not in KINDS:
+        problems.append(f"kind {device.kind!r} not in {KINDS}")
+    if device.vendor not in VENDORS:
+        problems.append(f"vendor {device.vendor!r} not in {VENDORS}")
+    if not set(device.engines) <= set(ENGINES):
+        problems.append(f"engines {device.engines} not within {ENGINES}")
+    if device.memory_gib <= 0 or device.memory_label_gb <= 0:
+        problems.append("memory must be positive")
+    if "spec" not in device.sources and device.kind != "cpu":
+        problems.append("no 'spec' source")
+    for name in NULLABLE_FIGURES:
+        value = getattr(device, name)
+        if value is not None and value <= 0:
+            problems.append(f"{name} must be positive or null")
+    for name in ("bandwidth_gbs", "fp16_tflops"):
+        if getattr(device, name) is None and name not in device.notes:
+            problems.append(f"{name} is null without a note saying why")
+    if device.usable_gib is not None and device.usable_gib > device.memory_gib:
+        problems.append("usable_gib exceeds memory_gib")
+    return problems
+
+
+@lru_cache(maxsize=1)
+def _catalogue() -> tuple[Device, ...]:
+    records = json.loads(DEVICES_PATH.read_text(encoding="utf-8"))
+    devices = tuple(_device_from_record(record) for record in records)
+    _name_index(devices)  # raises on ambiguous names
+    return devices
+
+
+def _name_index(devices: tuple[Device, ...]) -> dict[str, Device]:
+    """Map every normalized id, name and alias to its device; two devices may not share a key."""
+    index: dict[str, Device] = {}
+    for device in devices:
+        for text in (device.id, device.name, *device.aliases):
+            key = normalize_name(text)
+            other = index.get(key)
+            if other is not None and other.id != device.id:
+                raise ValueError(f"devices.json: name {text!r} matches both {other.id!r} and {device.id!r}")
+            index[key] = device
+    return index
+
+
+@lru_cache(maxsize=1)
+def _index() -> dict[str, Device]:
+    return _name_index(_catalogue())
+
+
+def load_devices() -> list[Device]:
+    """Every catalogue device, in file order (parsed once, then cached)."""
+    return list(_catalogue())
+
+
+def device_ids() -> list[str]:
+    """The short ids of all catalogue devices, in file order."""
+    return [device.id for device in _catalogue()]
+
+
+def resolve_device(spec: str) -> Device:
+    """Find a device by short id, display name, alias, or the name NVML / llama-bench print.
+
+    Matching ignores case, spaces and punctuation, and the words "NVIDIA" and "GeForce".
+    Raises BenchcalError for "cpu" (build it with :func:`cpu_device`) and for unknown names.
+    """
+    key = normalize_name(spec)
+    if key in ("cpu", "hostcpu"):
+        raise BenchcalError("'cpu' is not a catalogue device: describe the host with "
+                            "cpu_device(bandwidth_gbs, tflops, memory_gib)")
+    device = _index().get(key)
+    if device is None:
+        candidates = [d.id for d in _catalogue()] + [d.name for d in _catalogue()]
+        raise BenchcalError(f"unknown GPU {spec!r}{suggest(spec, candidates)}")
+    return device
+
+
+def cpu_device(bandwidth_gbs: float, tflops: float, memory_gib: float, name: str = "host CPU") -> Device:
+    """The host CPU as a device: bandwidth in GB/s, dense FP16-equivalent TFLOPS, memory in GiB.
+
+    The figures come from the caller (measured by the harness or passed as flags), so the device
+    has no sources.
+    """
+    positive("CPU memory bandwidth (GB/s)", bandwidth_gbs)
+    positive("CPU TFLOPS", tflops)
+    positive("CPU memory (GiB)", memory_gib)
+    return Device(
+        id="cpu", name=name, vendor="cpu", kind="cpu", memory_gib=float(memory_gib),
+        memory_label_gb=float(memory_gib), usable_gib=None, bandwidth_gbs=float(bandwidth_gbs),
+        fp16_tflops=float(tflops), memory_type="dram", architecture="cpu", form_factor="host",
+        tdp_w=None, price_usd=None, cloud_usd_per_hour=None, engines=ENGINES, aliases=(),
+        sources={}, notes={"spec": "figures measured on the host or given by the user"},
+    )

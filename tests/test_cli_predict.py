@@ -1,0 +1,89 @@
+"""The prediction commands end to end through ``python -m benchcal``: output contract and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchcal", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_predict_json_is_one_object_with_the_contract():
+    p = run("predict", "--model", "qwen2.5-72b", "--gpu", "l4", "--quant", "Q4_K_M", "--ctx", "8192",
+            "--format", "json", "--defaults")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["fit"]["verdict"] == "needs offload"
+    assert d["gpu"]["id"] == "l4" and d["model"]["id"] == "qwen2.5-72b"
+    assert "llama-server" in d["launch"]["llama_cpp"] and "vllm serve" in d["launch"]["vllm"]
+
+
+def test_predict_table_shows_breakdown_verdict_and_launch_commands():
+    p = run("predict", "--model", "Qwen/Qwen2.5-72B-Instruct", "--gpu", "NVIDIA H200", "--ctx", "32768")
+    assert p.returncode == 0, p.stderr
+    for text in ("KV cache", "10.00 GiB", "Verdict", "fits", "TTFT", "llama-server", "vllm serve"):
+        assert text in p.stdout
+
+
+def test_html_report_is_self_contained_with_a_chart(tmp_path):
+    out = tmp_path / "r.html"
+    p = run("predict", "--model", "qwen2.5-72b", "--gpu", "h200", "--format", "html", "--output", str(out))
+    assert p.returncode == 0, p.stderr
+    page = out.read_text()
+    assert page.startswith("<!doctype html>") and "<svg" in page and "<script" not in page
+    assert "Context scaling" in page
+
+
+@pytest.mark.parametrize("command", [
+    ["leaderboard", "--model", "qwen2.5-72b", "--quant", "Q4_K_M", "--ctx", "32768"],
+    ["matrix", "--model", "qwen2.5-72b", "--gpu", "l4"],
+    ["recommend", "--model", "qwen2.5-72b", "--ctx", "8192", "--min-decode", "5", "--budget", "20000"],
+    ["models"],
+    ["gpus"],
+])
+def test_report_commands_run_in_every_format(command):
+    for fmt in ("table", "md", "json"):
+        p = run(*command, "--format", fmt)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip()
+        if fmt == "json":
+            json.loads(p.stdout)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["predict", "--model", "qwen9-72b", "--gpu", "l4"], "did you mean"),
+    (["predict", "--model", "qwen2.5-72b", "--gpu", "rtx-9090"], "did you mean"),
+    (["predict", "--model", "qwen2.5-72b", "--gpu", "l4", "--ctx", "200000"], "maximum"),
+    (["predict", "--model", "qwen2.5-72b", "--gpu", "l4", "--ctx", "0"], "positive"),
+    (["predict", "--model", "qwen2.5-72b", "--gpu", "l4", "--batch", "-2"], "positive"),
+    (["predict", "--model", "qwen2.5-72b", "--gpu", "l4", "--quant", "AWQ"], "not supported by llama.cpp"),
+    (["predict", "--model", "qwen2.5-72b", "--gpu", "l4", "--quant", "Q9_Z"], "unknown"),
+    (["predict", "--model", "qwen2.5-72b", "--gpu", "l4", "--engine", "tgi"], "unknown engine"),
+    (["predict", "--model", "qwen2.5-72b", "--gpu", "l4", "--ctx", "abc"], "invalid int"),
+    (["predict", "--model", "/nonexistent/config.json", "--gpu", "l4"], "nonexistent"),
+    (["predict", "--model", "qwen2.5-72b", "--gpu", "l4", "--coefficients", "/nope.json"], "not found"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(args, fragment):
+    p = run(*args)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    assert fragment.lower() in lines[0].lower()
+
+
+def test_malformed_config_names_the_missing_field(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}))
+    p = run("predict", "--model", str(cfg), "--gpu", "l4")
+    assert p.returncode == 2
+    assert "missing field" in p.stderr and len(p.stderr.strip().splitlines()) == 1

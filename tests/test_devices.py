@@ -1,0 +1,179 @@
+"""The device catalogue: data rules, name resolution, the host-CPU device."""
+
+from __future__ import annotations
+
+import pytest
+
+from predictor import devices as dev
+from predictor.devices import Device, cpu_device, device_ids, load_devices, normalize_name, resolve_device
+from predictor.errors import BenchcalError
+
+# Names that public "can I run it" calculators list for their hardware menus, plus the other cards
+# the catalogue is expected to cover. Each must resolve to a catalogue device.
+LISTED_DEVICE_NAMES = [
+    "RTX 3060 12GB", "RTX 4060 Ti 16GB", "RTX 4070 Ti Super", "RTX 4080 Super", "RTX 5060 Ti 16GB",
+    "RTX 5070 12GB", "RTX 5070 Ti", "RTX 5080", "RTX 3090", "RTX 4090", "RTX 4090 D", "RTX 5090",
+    "RTX 5090 D", "RTX A6000", "RTX 6000 Ada", "RTX PRO 6000 Blackwell (96GB)", "DGX Spark (GB10 128GB)",
+    "A40 48GB", "L20 48GB", "L40S 48GB", "L4", "A800 80GB SXM", "A100 80GB SXM", "A100 40GB",
+    "A100 PCIe 80GB", "A100 PCIe 40GB", "H800 80GB SXM", "H100 80GB SXM", "H100 PCIe", "H100 NVL",
+    "H20 96GB HBM3", "H20 141GB HBM3e", "H200 141GB SXM", "H200 NVL", "B200 180GB",
+    "B300 288GB Blackwell Ultra", "Ascend 910B 64GB (昇腾)", "Ascend 910C 128GB (昇腾)",
+    "Atlas 300I Duo 96GB (310P)", "MLU590 80GB (寒武纪思元)", "DCU K100-AI 64GB (海光深算)",
+    "MetaX C500 64GB (沐曦曦云)", "Kunlunxin P800 64GB (昆仑芯)", "MTT S4000 48GB (摩尔线程)",
+    "Radeon RX 7900 XTX 24GB", "Radeon AI PRO R9700 32GB", "Ryzen AI Max+ 395 128GB", "Ryzen AI Max+ 395 64GB",
+    "Instinct MI300X 192GB", "Instinct MI325X 256GB", "Instinct MI355X 288GB", "Arc Pro B60 24GB",
+    "Gaudi 3 128GB HBM2e", "Mac mini M4 Pro 64GB", "MacBook Pro M4 Max 128GB", "Mac Studio M2 Ultra 192GB",
+    "Mac Studio M3 Ultra 256GB", "Mac Studio M3 Ultra 512GB", "M1 Max 64GB", "M2 Max 96GB", "M3 Max 128GB",
+    "RTX 2080 Ti", "RTX 3060 Ti", "RTX 3070", "RTX 3080 10GB", "RTX 3080 12GB", "RTX 3080 Ti", "RTX 3090 Ti",
+    "RTX 4060", "RTX 4060 Ti 8GB", "RTX 4070", "RTX 4070 Super", "RTX 4070 Ti", "RTX 4080", "RTX 5060",
+    "RTX 5060 Ti 8GB", "RTX A4000", "RTX A5000", "RTX 4000 Ada", "RTX 4500 Ada", "RTX 5000 Ada", "T4",
+    "V100",
+]
+
+
+def test_catalogue_holds_at_least_sixty_devices():
+    assert len(load_devices()) >= 60
+
+
+def test_device_ids_are_unique():
+    ids = device_ids()
+    assert len(ids) == len(set(ids))
+
+
+def test_every_device_has_positive_memory_and_a_spec_url():
+    for device in load_devices():
+        assert device.memory_gib > 0 and device.memory_label_gb > 0, device.id
+        assert device.sources.get("spec", "").startswith("https://"), device.id
+
+
+def test_every_source_is_an_https_url():
+    for device in load_devices():
+        for figure, url in device.sources.items():
+            assert url.startswith("https://"), (device.id, figure, url)
+
+
+@pytest.mark.parametrize("figure", ["bandwidth_gbs", "fp16_tflops"])
+def test_key_figures_are_positive_or_null_with_a_reason(figure):
+    for device in load_devices():
+        value = getattr(device, figure)
+        if value is None:
+            assert device.notes.get(figure), f"{device.id}: {figure} is null without a note"
+        else:
+            assert value > 0, device.id
+
+
+def test_most_devices_have_both_key_figures():
+    complete = [d for d in load_devices() if d.bandwidth_gbs and d.fp16_tflops]
+    assert len(complete) >= 60
+
+
+def test_engines_are_llama_cpp_or_vllm():
+    for device in load_devices():
+        assert set(device.engines) <= {"llama.cpp", "vllm"}, device.id
+
+
+def test_kinds_and_vendors_are_from_the_fixed_lists():
+    for device in load_devices():
+        assert device.kind in ("gpu", "unified"), device.id
+        assert device.vendor in dev.VENDORS, device.id
+
+
+def test_no_two_devices_share_a_name_after_normalization():
+    owner: dict[str, str] = {}
+    for device in load_devices():
+        for text in (device.id, device.name, *device.aliases):
+            key = normalize_name(text)
+            assert owner.setdefault(key, device.id) == device.id, (text, owner[key], device.id)
+
+
+def test_a_shared_name_in_the_data_is_rejected():
+    first, second = load_devices()[:2]
+    clash = Device(**{**first.__dict__, "id": "clash", "aliases": (second.aliases[0],)})
+    with pytest.raises(ValueError, match="matches both"):
+        dev._name_index((first, second, clash))
+
+
+def test_usable_memory_is_set_only_on_unified_devices_and_never_exceeds_capacity():
+    for device in load_devices():
+        if device.usable_gib is not None:
+            assert device.kind == "unified", device.id
+            assert device.usable_gib <= device.memory_gib, device.id
+
+
+def test_macos_wired_limit_gives_three_quarters_of_large_macs():
+    assert resolve_device("mac-studio-m2-ultra-192gb").usable_gib == pytest.approx(144)
+    assert resolve_device("macbook-pro-m2-max-96gb").usable_gib == pytest.approx(72)
+    assert resolve_device("macbook-pro-m1-pro-32gb").usable_gib == pytest.approx(32 * 2 / 3, abs=0.01)
+
+
+def test_strix_halo_usable_memory_follows_the_variable_graphics_memory_split():
+    assert resolve_device("ryzen-ai-max-395-128gb").usable_gib == 96
+    assert resolve_device("ryzen-ai-max-395-64gb").usable_gib == 48
+
+
+@pytest.mark.parametrize(("device_id", "expected_gib"), [
+    ("h200-sxm", 140.40), ("h100-sxm", 79.65), ("a100-sxm-80gb", 80.0), ("l4", 22.49),
+])
+def test_memory_is_the_capacity_nvml_reports(device_id, expected_gib):
+    assert resolve_device(device_id).memory_gib == pytest.approx(expected_gib, abs=0.01)
+
+
+@pytest.mark.parametrize("name", LISTED_DEVICE_NAMES)
+def test_listed_device_names_resolve(name):
+    assert resolve_device(name).id in device_ids()
+
+
+@pytest.mark.parametrize(("spec", "device_id"), [
+    ("l4", "l4"), ("h100-sxm", "h100-sxm"), ("rtx-4090", "rtx-4090"),
+    ("NVIDIA GeForce RTX 4090", "rtx-4090"), ("NVIDIA A100-SXM4-80GB", "a100-sxm-80gb"),
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H200", "h200-sxm"), ("NVIDIA L4", "l4"),
+    ("Tesla T4", "t4"), ("NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada"), ("NVIDIA H20-3e", "h20-141gb"),
+    ("AMD Radeon RX 7900 XTX", "rx-7900-xtx"), ("Intel(R) Arc(TM) Pro B60 Graphics", "arc-pro-b60"),
+    ("Apple M4 Max", "macbook-pro-m4-max-128gb"),
+])
+def test_short_ids_and_driver_names_resolve(spec, device_id):
+    assert resolve_device(spec).id == device_id
+
+
+@pytest.mark.parametrize("spec", ["rtx 4090", "RTX4090", "geforce rtx-4090", "  nvidia   GEFORCE rtx 4090 "])
+def test_resolution_ignores_case_spacing_punctuation_and_vendor_prefixes(spec):
+    assert resolve_device(spec).id == "rtx-4090"
+
+
+def test_unknown_device_names_the_closest_matches():
+    with pytest.raises(BenchcalError, match=r"unknown GPU 'rtx-9090' \(did you mean: .*rtx-\d090"):
+        resolve_device("rtx-9090")
+
+
+def test_cpu_is_not_a_catalogue_device():
+    with pytest.raises(BenchcalError, match="cpu_device"):
+        resolve_device("cpu")
+
+
+def test_cpu_device_carries_the_callers_figures():
+    host = cpu_device(bandwidth_gbs=89.6, tflops=1.2, memory_gib=64, name="Xeon host")
+    assert (host.id, host.kind, host.name) == ("cpu", "cpu", "Xeon host")
+    assert (host.bandwidth_gbs, host.fp16_tflops, host.memory_gib) == (89.6, 1.2, 64)
+    assert host.engines == ("llama.cpp", "vllm")
+    assert host.family == "dram/cpu"
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"bandwidth_gbs": 0, "tflops": 1, "memory_gib": 8},
+    {"bandwidth_gbs": 50, "tflops": -1, "memory_gib": 8},
+    {"bandwidth_gbs": 50, "tflops": 1, "memory_gib": 0},
+])
+def test_cpu_device_rejects_non_positive_figures(kwargs):
+    with pytest.raises(BenchcalError):
+        cpu_device(**kwargs)
+
+
+def test_family_joins_memory_type_and_architecture_in_lower_case():
+    assert resolve_device("h100-sxm").family == "hbm3/hopper"
+    assert resolve_device("rtx-4090").family == "gddr6x/ada"
+
+
+def test_devices_are_hashable_and_loading_is_cached():
+    assert load_devices() == load_devices()
+    assert len({d for d in load_devices()}) == len(load_devices())
+    assert resolve_device("l4").memory_bytes == int(resolve_device("l4").memory_gib * 2**30)

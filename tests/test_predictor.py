@@ -1,0 +1,145 @@
+"""The analytical predictor: fit verdicts, the JSON contract, formulas and vectorized sweeps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from predictor.coefficients import Coefficients
+from predictor.devices import cpu_device, load_devices, resolve_device
+from predictor.estimate import GIB, predict
+from predictor.grid import sweep
+from predictor.models import resolve_model
+from predictor.quants import resolve_quant
+
+JSON_KEYS = [
+    "model.id", "model.params_b", "model.active_params_b", "gpu.id", "gpu.name", "gpu.count", "gpu.usable_gib",
+    "engine", "quant", "context", "batch", "kv_dtype", "memory.weights_gib", "memory.kv_cache_gib",
+    "memory.runtime_gib", "memory.total_gib", "memory.offload_gib", "fit.verdict", "fit.headroom_gib",
+    "fit.utilization", "fit.max_context", "throughput.decode_tok_s", "throughput.prefill_tok_s",
+    "throughput.ttft_ms", "throughput.prompt_tokens", "calibration.status", "calibration.source",
+    "launch.llama_cpp", "launch.vllm",
+]
+
+
+def _dig(d, dotted):
+    for part in dotted.split("."):
+        d = d[part]
+    return d
+
+
+def test_qwen72b_q4km_8k_needs_offload_on_one_l4():
+    est = predict("qwen2.5-72b", "l4", "Q4_K_M", 8192, coefficients=None)
+    assert est.verdict == "needs offload"
+    assert est.values["total_bytes"] > est.values["usable_bytes"]
+    assert 0 < est.values["max_gpu_layers"] < est.model.num_layers
+
+
+def test_qwen72b_q4km_8k_fits_an_h200():
+    est = predict("qwen2.5-72b", "h200", "Q4_K_M", 8192, coefficients=None)
+    assert est.verdict == "fits"
+    assert est.to_dict()["fit"]["max_context"] == est.model.max_context
+
+
+def test_kv_cache_in_the_breakdown_is_exact_for_qwen72b():
+    for ctx, gib in ((8192, 2.5), (32768, 10.0)):
+        est = predict("qwen2.5-72b", "h200", "Q4_K_M", ctx, coefficients=None)
+        assert est.values["kv_cache_bytes"] == 2 * 80 * 8 * 128 * ctx * 2
+        assert est.values["kv_cache_bytes"] / GIB == gib
+
+
+def test_predict_json_has_the_documented_keys():
+    d = predict("qwen2.5-72b", "h200", "Q4_K_M", 32768, coefficients=None).to_dict()
+    for key in JSON_KEYS:
+        _dig(d, key)
+    assert d["calibration"]["status"] == "default"
+    assert d["model"]["params_b"] == pytest.approx(72.71, rel=0.005)
+
+
+def test_weights_scale_with_bits_per_weight():
+    a = predict("qwen2.5-72b", "h200", "Q8_0", 8192, coefficients=None).values["weights_total_bytes"]
+    b = predict("qwen2.5-72b", "h200", "Q4_0", 8192, coefficients=None).values["weights_total_bytes"]
+    assert a / b == pytest.approx(8.5 / 4.5)
+
+
+def test_offload_moves_layers_to_host_and_slows_decode():
+    full = predict("qwen2.5-7b", "rtx-4090", "Q4_K_M", 8192, coefficients=None)
+    half = predict("qwen2.5-7b", "rtx-4090", "Q4_K_M", 8192, offload_fraction=0.5, coefficients=None)
+    assert half.values["offload_bytes"] > 0.4 * full.values["weights_total_bytes"]
+    assert half.values["total_bytes"] < full.values["total_bytes"]
+    assert half.values["decode_tok_s"] < full.values["decode_tok_s"]
+    assert "-ngl 14" in half.launch["llama_cpp"]
+
+
+def test_tensor_parallel_vllm_splits_bytes_and_adds_communication():
+    one = predict("llama-3.1-70b", "h100-sxm", "FP8", 8192, "vllm", coefficients=None)
+    two = predict("llama-3.1-70b", "h100-sxm", "FP8", 8192, "vllm", device_count=2, coefficients=None)
+    assert two.values["decode_tok_s"] > one.values["decode_tok_s"]
+    assert two.values["decode_tok_s"] < 2 * one.values["decode_tok_s"]
+    assert "--tensor-parallel-size 2" in two.launch["vllm"]
+
+
+def test_flash_attention_off_grows_the_compute_buffer_with_context():
+    on = predict("qwen2.5-7b", "h100-sxm", "Q4_K_M", 32768, coefficients=None)
+    off = predict("qwen2.5-7b", "h100-sxm", "Q4_K_M", 32768, flash_attn=False, coefficients=None)
+    extra = off.values["runtime_bytes"] - on.values["runtime_bytes"]
+    assert extra == pytest.approx(512 * 32768 * 28 * 4)
+
+
+def test_moe_decode_reads_active_experts_only():
+    est = predict("qwen3-30b-a3b", "rtx-4090", "Q4_K_M", 4096, coefficients=None)
+    dense = predict("qwen3-32b", "rtx-4090", "Q4_K_M", 4096, coefficients=None)
+    assert est.values["decode_tok_s"] > 4 * dense.values["decode_tok_s"]
+
+
+def test_vllm_launch_command_derives_gpu_memory_utilization_from_the_need():
+    est = predict("qwen2.5-7b", "h100-sxm", "BF16", 8192, "vllm", coefficients=None)
+    util = float(est.launch["vllm"].split("--gpu-memory-utilization ")[1].split()[0])
+    need = est.values["total_bytes"] / (est.device.memory_gib * GIB)
+    assert need < util <= need + 0.04
+
+
+def test_cpu_device_uses_the_given_bandwidth():
+    slow = cpu_device(bandwidth_gbs=10.0, tflops=0.2, memory_gib=24.0)
+    fast = cpu_device(bandwidth_gbs=40.0, tflops=0.2, memory_gib=24.0)
+    a = predict("smollm2-135m", slow, "Q8_0", 2048, coefficients=None)
+    b = predict("smollm2-135m", fast, "Q8_0", 2048, coefficients=None)
+    assert b.values["decode_tok_s"] > 3 * a.values["decode_tok_s"]
+    assert a.values["offload_bytes"] == 0
+
+
+def test_sweep_matches_predict_cell_by_cell():
+    arch = resolve_model("qwen2.5-72b")
+    devices = [resolve_device(x) for x in ("l4", "h200", "rtx-4090")]
+    quants = [resolve_quant(x, "llama.cpp") for x in ("Q4_K_M", "Q8_0")]
+    out = sweep(arch, "llama.cpp", devices, quants, [4096, 32768], [1, 4], table=Coefficients())
+    for i, d in enumerate(devices):
+        for j, q in enumerate(quants):
+            est = predict(arch, d, q.id, 32768, batch=4, coefficients=None)
+            assert out["total_bytes"][i, j, 1, 1] == pytest.approx(est.values["total_bytes"])
+            assert out["decode_tok_s"][i, j, 1, 1] == pytest.approx(est.values["decode_tok_s"])
+            assert out["verdict"][i, j, 1, 1] == est.values["verdict"]
+
+
+def test_sweep_over_every_device_gives_finite_numbers_where_the_catalogue_has_figures():
+    arch = resolve_model("deepseek-v3")
+    devices = [d for d in load_devices() if "llama.cpp" in d.engines and d.kind != "cpu"]
+    out = sweep(arch, "llama.cpp", devices, [resolve_quant("Q4_K_M")], [8192, 65536], [1, 8])
+    for key in ("total_bytes", "max_context"):
+        assert np.isfinite(out[key]).all()
+    known = np.array([d.bandwidth_gbs is not None and d.fp16_tflops is not None for d in devices])
+    for key in ("decode_tok_s", "prefill_tok_s", "ttft_s"):
+        assert np.isfinite(out[key][known]).all()
+
+
+def test_calibrated_coefficients_override_defaults_and_say_so(tmp_path):
+    path = tmp_path / "coefficients.json"
+    path.write_text('{"schema_version": 1, "source": "test table", "engines": {"llama.cpp": {"devices": '
+                    '{"h200-sxm": {"decode_bw_efficiency": {"value": 0.5, "uncertainty": 0.05}}}}}}')
+    default = predict("qwen2.5-72b", "h200", "Q4_K_M", 8192, coefficients=None)
+    cal = predict("qwen2.5-72b", "h200", "Q4_K_M", 8192, coefficients=path)
+    assert cal.to_dict()["calibration"]["status"] == "calibrated"
+    assert cal.to_dict()["calibration"]["scope"] == "device:h200-sxm"
+    assert cal.values["decode_tok_s"] < default.values["decode_tok_s"]
+    other = predict("qwen2.5-72b", "h100-sxm", "Q4_K_M", 8192, coefficients=path)
+    assert other.to_dict()["calibration"]["status"] == "default"
