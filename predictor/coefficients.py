@@ -57,8 +57,8 @@ COEFFICIENT_NAMES = (
     "vllm_non_torch_gib",
 )
 
-_CALC = "public calculator assumption (shared/calculator-pages: constant 0.65-0.87 of peak bandwidth)"
-_DESIGN = "benchcal DESIGN.md engine facts (CUDA context 100-600 MiB)"
+_CALC = "uncalibrated: a constant share of peak bandwidth, as public VRAM calculators assume (0.65-0.87)"
+_DESIGN = "uncalibrated: a CUDA context and allocator pools take about 100-600 MiB depending on the GPU"
 
 # Uncalibrated defaults. Each value says where it comes from; calibration replaces them.
 ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
@@ -116,6 +116,14 @@ class CoefficientSet:
     source: str = DEFAULT_SOURCE
     uncertainty: dict[str, float] = field(default_factory=dict)
     error_band: dict[str, float] = field(default_factory=dict)
+    origin: dict[str, str] = field(default_factory=dict)  # coefficient -> scope it came from ("default" if none)
+
+    def source_of(self, name: str) -> str:
+        """Where one coefficient's value comes from: a calibrated scope of the table, or its default's source."""
+        scope = self.origin.get(name, "default")
+        if scope == "default":
+            return "default: " + ENGINE_DEFAULTS[self.engine][name][1]
+        return f"calibrated ({scope}): {self.source}"
 
     def __getitem__(self, name: str) -> float:
         return self.values[name]
@@ -175,11 +183,13 @@ class Coefficients:
             return CoefficientSet(engine, values)
         unc: dict[str, float] = {}
         bands: dict[str, float] = {}
-        for _scope, (fitted, scope_unc, scope_bands) in used:
+        origin: dict[str, str] = {}
+        for scope, (fitted, scope_unc, scope_bands) in used:
             values.update(fitted)
             unc.update(scope_unc)
             bands.update(scope_bands)
-        return CoefficientSet(engine, values, "calibrated", used[-1][0], self.source, unc, bands)
+            origin.update({name: scope for name in fitted})
+        return CoefficientSet(engine, values, "calibrated", used[-1][0], self.source, unc, bands, origin)
 
 
 def load_coefficients(path: str | Path | None) -> Coefficients:

@@ -17,7 +17,6 @@ from predictor import memory as mem
 from predictor import throughput as tp
 from predictor.architecture import ModelArch
 from predictor.coefficients import (
-    ENGINE_DEFAULTS,
     ENGINES,
     Coefficients,
     CoefficientSet,
@@ -289,7 +288,7 @@ class Estimate:
                 "status": c.status, "scope": c.scope, "source": c.source,
                 "error_band": dict(c.error_band),
                 "coefficients": {k: c.values[k] for k in sorted(c.values)},
-                "default_sources": {k: src for k, (_val, src) in ENGINE_DEFAULTS[self.engine].items()},
+                "coefficient_sources": {k: c.source_of(k) for k in sorted(c.values)},
             },
             "launch": dict(self.launch),
         }

@@ -82,12 +82,12 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     ], ["Quantity", "Value"])
     band = cal["error_band"]
     rep.add("Calibration", "kv", [
-        ["Status", cal["status"]],
-        ["Scope", cal["scope"]],
-        ["Source", cal["source"]],
-        ["Error band", ", ".join(f"{k} ±{v * 100:.0f}%" for k, v in band.items()) or "— (uncalibrated)"],
-        *[[k, f"{v:g}"] for k, v in cal["coefficients"].items() if est.engine == "vllm" or not k.startswith("vllm_")],
-    ], ["Coefficient", "Value"])
+        ["Status", cal["status"], ""],
+        ["Scope", cal["scope"], ""],
+        ["Error band", ", ".join(f"{k} ±{v * 100:.0f}%" for k, v in band.items()) or "— (uncalibrated)", ""],
+        *[[k, f"{v:g}", cal["coefficient_sources"][k]] for k, v in cal["coefficients"].items()
+          if est.engine == "vllm" or not k.startswith("vllm_")],
+    ], ["Coefficient", "Value", "Source"])
     # Context scaling.
     rows, xs, totals, decodes = [], [], [], []
     for ctx in contexts_for(est.model):
