@@ -143,3 +143,16 @@ def test_calibrated_coefficients_override_defaults_and_say_so(tmp_path):
     assert cal.values["decode_tok_s"] < default.values["decode_tok_s"]
     other = predict("qwen2.5-72b", "h100-sxm", "Q4_K_M", 8192, coefficients=path)
     assert other.to_dict()["calibration"]["status"] == "default"
+
+
+def test_a_gguf_model_uses_the_exact_sum_of_its_tensor_bytes(tmp_path):
+    from test_architecture import write_tiny_llama_gguf
+
+    path = tmp_path / "tiny.gguf"
+    totals = write_tiny_llama_gguf(path)
+    arch = resolve_model(str(path))
+    est = predict(arch, "h200", None, 256, coefficients=None)
+    assert est.quant.id == arch.weights_quant
+    assert est.values["weights_total_bytes"] == arch.weights_bytes_exact
+    assert est.to_dict()["memory"]["weights_exact"] is True
+    assert arch.weights_bytes_exact == totals["bytes"]
