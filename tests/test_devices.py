@@ -177,3 +177,45 @@ def test_devices_are_hashable_and_loading_is_cached():
     assert load_devices() == load_devices()
     assert len({d for d in load_devices()}) == len(load_devices())
     assert resolve_device("l4").memory_bytes == int(resolve_device("l4").memory_gib * 2**30)
+
+
+def test_every_purchase_price_has_a_source_and_a_note():
+    for device in load_devices():
+        if device.price_usd is not None:
+            assert device.sources.get("price", "").startswith("https://"), device.id
+            assert device.notes.get("price"), device.id
+
+
+def test_every_cloud_rate_has_a_provider_page_and_names_the_provider():
+    providers = ("Lambda", "RunPod", "DigitalOcean", "Vast.ai", "Google Cloud", "AWS", "Azure", "Vultr")
+    for device in load_devices():
+        if device.cloud_usd_per_hour is not None:
+            assert device.sources.get("cloud_price", "").startswith("https://"), device.id
+            assert any(name in device.notes.get("cloud_price", "") for name in providers), device.id
+
+
+def test_cloud_rates_are_per_gpu_hour_magnitudes():
+    rates = [d.cloud_usd_per_hour for d in load_devices() if d.cloud_usd_per_hour is not None]
+    assert len(rates) >= 10
+    assert all(0.1 < rate < 20 for rate in rates)
+
+
+def test_data_center_prices_are_marked_as_street_prices():
+    for device in load_devices():
+        if device.price_usd is not None and device.form_factor in ("sxm", "oam"):
+            assert "street price" in device.notes["price"], device.id
+
+
+def test_cloud_rate_is_cheaper_per_hour_than_the_part_costs_to_buy():
+    for device in load_devices():
+        if device.price_usd is not None and device.cloud_usd_per_hour is not None:
+            assert device.cloud_usd_per_hour * 100 < device.price_usd, device.id
+
+
+@pytest.mark.parametrize(("device_id", "tflops"), [
+    ("macbook-pro-m1-max-64gb", 10.62), ("mac-studio-m2-ultra-192gb", 27.2), ("rtx-pro-6000", 503.8),
+])
+def test_filled_fp16_figures_carry_their_source(device_id, tflops):
+    device = resolve_device(device_id)
+    assert device.fp16_tflops == pytest.approx(tflops)
+    assert device.sources["fp16_tflops"].startswith("https://")
