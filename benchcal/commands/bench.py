@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from harness import records
@@ -60,7 +61,8 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--flash-attn", action="store_true", help="enable flash attention (llama.cpp)")
     bench.add_argument("--n-gpu-layers", type=int, default=None, help="layers on the GPU (llama.cpp; default all)")
     bench.add_argument("--weights", default="synthetic", help="synthetic (default), hub, or a path to a .gguf")
-    bench.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+    bench.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores, "
+                       "one fewer without SMT so the memory sampler has a hardware thread)")
     bench.add_argument("--override", action="append", default=[], metavar="KEY=N",
                        help="shrink a synthetic model, e.g. --override num_layers=4 --override vocab_size=4096 "
                        "(recorded in the config)")
@@ -136,7 +138,9 @@ def _prompt_lengths(text: str) -> list[int]:
 
 def config_from_args(args: argparse.Namespace, device: str) -> dict[str, Any]:
     """One run config from the ``bench`` flags."""
-    if not args.model:
+    weights_is_path = args.weights not in ("synthetic", "hub")
+    model = args.model or (Path(args.weights).stem if weights_is_path else None)
+    if not model:
         raise BenchcalError("bench needs --model (or --sweep FILE)")
     options: dict[str, Any] = {"flash_attn": bool(args.flash_attn)}
     if args.n_gpu_layers is not None:
@@ -146,9 +150,9 @@ def config_from_args(args: argparse.Namespace, device: str) -> dict[str, Any]:
     engine = args.engine.strip().lower()
     overrides = _overrides(args.override)
     config = {
-        "model": args.model, "engine": engine, "device": device,
-        "quant": args.quant or ("Q4_K_M" if engine == "llama.cpp" else None),
-        "weights": args.weights, "model_source": "catalogue" if args.weights in ("synthetic", "hub") else "path",
+        "model": model, "engine": engine, "device": device,
+        "quant": args.quant or ("Q4_K_M" if engine == "llama.cpp" and not weights_is_path else None),
+        "weights": args.weights, "model_source": "path" if weights_is_path else "catalogue",
         "context": int(positive("--ctx", args.ctx)), "prompt_tokens": _prompt_lengths(args.prompt),
         "gen_tokens": int(args.gen), "reps": int(positive("--reps", args.reps)), "warmup": int(args.warmup),
         "kv_dtype": args.kv_dtype, "engine_options": options,

@@ -1,0 +1,501 @@
+"""One configuration end to end: plan with the predictor, prepare weights, measure in a child, store the record.
+
+:func:`run_config` is the whole protocol:
+
+1. normalize the config and check it (prompt + generated tokens must fit the context);
+2. plan: ask the predictor (``predictor.estimate.predict``) for the same config; if it says the config
+   does not fit the device, say so and measure the recommended one instead (llama.cpp: the most layers on
+   the GPU that fit), keeping the original under ``planned``;
+3. weights: a cached synthetic GGUF (default), a user's file, or a hub download;
+4. measure in a child process (:func:`harness.engines.runner.run_engine`);
+5. build the record (samples and summaries, memory, prediction, provenance) and write it atomically.
+   An OOM the prediction said fits, or an ok run it said does not fit, is flagged as ``prediction_error``.
+
+Ctrl-C or SIGTERM during a run: the engine is killed, the record is written with status ``interrupted``,
+then :class:`Interrupted` (a KeyboardInterrupt) is raised so sweeps stop.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import records
+from harness.engines.base import decode_tok_s, prefill_tok_s
+from harness.engines.runner import REPO_ROOT, EngineRun, run_engine
+from harness.records import summarize
+from predictor.errors import BenchcalError
+
+DEFAULT_TIMEOUT_S = 900.0
+FIT_VERDICTS_OK = ("fits", "tight")
+
+
+class Interrupted(KeyboardInterrupt):
+    """The user stopped a run; its record (status ``interrupted``) is at ``path``."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        super().__init__(str(path) if path else "")
+        self.path = path
+
+
+@dataclass
+class Plan:
+    """What will be measured and what the predictor said about it."""
+
+    config: dict[str, Any]
+    prediction: dict[str, Any] | None
+    prediction_reason: str | None = None
+    planned: dict[str, Any] | None = None
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str | None:
+        return ((self.prediction or {}).get("fit") or {}).get("verdict")
+
+
+@dataclass
+class RunOutcome:
+    """A stored run: its record and where it is."""
+
+    record: dict[str, Any]
+    path: Path
+    plan: Plan
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+def prepare_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Normalize ``config`` and check what a user can get wrong; BenchcalError with one line otherwise."""
+    cfg = records.normalize_config(config)
+    if not cfg.get("model"):
+        raise BenchcalError("a run needs a model")
+    if cfg["engine"] not in records.ENGINES:
+        raise BenchcalError(f"unknown engine {cfg['engine']!r} (choose from: {', '.join(records.ENGINES)})")
+    for key in ("context", "reps", "batch", "device_count"):
+        if int(cfg[key]) <= 0:
+            raise BenchcalError(f"{key} must be positive, got {cfg[key]!r}")
+    if int(cfg["warmup"]) < 0 or int(cfg["gen_tokens"]) < 0:
+        raise BenchcalError("warmup and gen_tokens must be zero or positive")
+    longest = max(cfg["prompt_tokens"] or [0])
+    if min(cfg["prompt_tokens"] or [1]) <= 0:
+        raise BenchcalError("prompt lengths must be positive")
+    if longest + 1 > cfg["context"]:
+        raise BenchcalError(f"a {longest}-token prompt does not fit a context of {cfg['context']} tokens")
+    decode_context = min(cfg["prompt_tokens"] or [16])
+    if decode_context + cfg["gen_tokens"] > cfg["context"]:
+        raise BenchcalError(f"{decode_context} prompt + {cfg['gen_tokens']} generated tokens exceed the "
+                            f"context of {cfg['context']}")
+    if cfg["engine"] == "llama.cpp":
+        _llama_defaults(cfg)
+    return cfg
+
+
+def _gguf_path(cfg: Mapping[str, Any]) -> Path | None:
+    weights = str(cfg.get("weights") or "synthetic")
+    path = Path(weights).expanduser()
+    return path if weights not in ("synthetic", "hub") and path.suffix.lower() == ".gguf" else None
+
+
+def _llama_defaults(cfg: dict[str, Any]) -> None:
+    """llama.cpp options: GPU layers in step with ``offload_fraction``, the GGUF's own quant, threads."""
+    options = cfg["engine_options"]
+    gguf = _gguf_path(cfg)
+    if gguf is not None and not cfg.get("quant") and gguf.is_file():
+        from predictor.models import resolve_model
+
+        cfg["quant"] = resolve_model(str(gguf)).weights_quant
+    if cfg["device"] == "cpu":
+        options.setdefault("n_gpu_layers", 0)
+    else:
+        fraction = float(cfg.get("offload_fraction") or 0.0)
+        explicit = options.get("n_gpu_layers")
+        if explicit is None and fraction > 0:
+            options["n_gpu_layers"] = int(round((1.0 - fraction) * _model_arch(cfg).num_layers))
+        elif explicit is None:
+            options["n_gpu_layers"] = -1
+        elif int(explicit) >= 0 and fraction == 0:
+            layers = _model_arch(cfg).num_layers
+            cfg["offload_fraction"] = round(1.0 - min(int(explicit), layers) / layers, 4)
+    options.setdefault("flash_attn", False)
+    options.setdefault("n_batch", 512)
+    options.setdefault("n_ubatch", 512)
+    if cfg["device"] == "cpu":
+        options.setdefault("threads", _default_threads())
+
+
+def _default_threads() -> int:
+    """CPU threads for llama.cpp: the physical cores, leaving one hardware thread to the harness's sampler.
+
+    With SMT the sibling threads are free already; without it one core is left out (ggml's spinning thread
+    barrier slows down many times over when any of its threads is preempted).
+    """
+    import psutil
+
+    from harness.hostbench import usable_cores
+
+    logical = usable_cores()
+    physical = int(psutil.cpu_count(logical=False) or logical)
+    physical = min(physical, logical)
+    return physical if logical > physical else max(1, physical - 1)
+
+
+# -------------------------------------------------------------------------------------------------- plan
+
+
+def _model_arch(cfg: Mapping[str, Any]) -> Any:
+    from harness.synthetic import resolve_arch
+
+    gguf = _gguf_path(cfg)
+    if gguf is not None and gguf.is_file():
+        from predictor.models import resolve_model
+
+        return resolve_model(str(gguf))
+    return resolve_arch(cfg["model"], cfg.get("arch_overrides"))
+
+
+def _predictor_device(cfg: Mapping[str, Any], host: Mapping[str, Any] | None) -> Any:
+    """The predictor's device for the run: the catalogue GPU, or the host CPU with measured figures."""
+    from predictor import devices
+
+    if cfg["device"] != "cpu":
+        return devices.resolve_device(cfg["device"])
+    host = host or {}
+    factory = getattr(devices, "cpu_device", None)
+    if factory is None:
+        return devices.resolve_device("cpu")
+    return factory(**_cpu_device_kwargs(factory, host))
+
+
+def _cpu_device_kwargs(factory: Callable[..., Any], host: Mapping[str, Any]) -> dict[str, Any]:
+    """Pass the host profile's figures to ``cpu_device`` under whatever names it accepts."""
+    import inspect
+
+    wanted = {
+        "bandwidth_gbs": host.get("bandwidth_gbs"),
+        "memory_gib": host.get("memory_gib"),
+        "fp32_gflops": host.get("fp32_gflops"),
+        "tflops": host["fp32_gflops"] / 1000.0 if host.get("fp32_gflops") else None,
+        "cores": host.get("cores"),
+        "name": host.get("cpu_model"),
+        "cpu_model": host.get("cpu_model"),
+    }
+    params = inspect.signature(factory).parameters
+    accepts_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return {k: v for k, v in wanted.items() if v is not None and (accepts_any or k in params)}
+
+
+def predict_config(cfg: Mapping[str, Any], host: Mapping[str, Any] | None = None) -> tuple[dict | None, str | None]:
+    """The predictor's ``Estimate.to_dict()`` for ``cfg``, or ``(None, reason)`` when it cannot say."""
+    try:
+        from predictor.estimate import predict
+    except ImportError as exc:
+        return None, f"predictor unavailable: {exc}"
+    options = cfg.get("engine_options") or {}
+    try:
+        estimate = predict(
+            _model_arch(cfg), _predictor_device(cfg, host), quant=cfg.get("quant"), context=int(cfg["context"]),
+            engine=cfg["engine"], prompt_tokens=max(cfg["prompt_tokens"] or [512]), batch=int(cfg["batch"]),
+            kv_dtype=cfg.get("kv_dtype"), device_count=int(cfg["device_count"]),
+            offload_fraction=float(cfg.get("offload_fraction") or 0.0),
+            flash_attn=bool(options.get("flash_attn", False)), n_ubatch=int(options.get("n_ubatch") or 512),
+            host_bandwidth_gbs=(host or {}).get("bandwidth_gbs"), host_memory_gib=(host or {}).get("memory_gib"),
+        )
+        return estimate.to_dict(), None
+    except BenchcalError as exc:
+        return None, f"predictor declined: {exc}"
+    except Exception as exc:  # the measurement must not depend on the predictor working
+        return None, f"predictor failed: {type(exc).__name__}: {exc}"
+
+
+def plan_config(cfg: dict[str, Any], host: Mapping[str, Any] | None = None) -> Plan:
+    """Predict ``cfg``; replace a llama.cpp GPU config that does not fit by the most GPU layers that fit."""
+    prediction, reason = predict_config(cfg, host)
+    plan = Plan(cfg, prediction, reason)
+    if prediction is None or plan.verdict != "does not fit":
+        return plan
+    if cfg["engine"] != "llama.cpp" or cfg["device"] == "cpu":
+        plan.messages.append(f"predicted not to fit on {cfg['device']}; measuring anyway")
+        return plan
+    layers = int((prediction.get("fit") or {}).get("max_gpu_layers") or 0)
+    total_layers = int((prediction.get("model") or {}).get("layers") or 0)
+    replaced = copy.deepcopy(cfg)
+    replaced["engine_options"]["n_gpu_layers"] = max(layers, 0)
+    if total_layers:
+        replaced["offload_fraction"] = round(1.0 - min(layers, total_layers) / total_layers, 4)
+    new_prediction, new_reason = predict_config(replaced, host)
+    planned = {"config": cfg, "config_hash": records.config_hash(cfg), "verdict": plan.verdict,
+               "reason": f"predicted not to fit on {cfg['device']}; measuring {layers} GPU layers instead"}
+    message = f"{cfg['model']} {cfg.get('quant')} ctx {cfg['context']}: {planned['reason']}"
+    return Plan(replaced, new_prediction, new_reason, planned, [message])
+
+
+# ----------------------------------------------------------------------------------------------- weights
+
+
+def prepare_weights(cfg: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """Path of the weights to load and facts about them (for provenance)."""
+    weights = str(cfg.get("weights") or "synthetic")
+    if weights == "synthetic":
+        if cfg["engine"] != "llama.cpp":
+            return None, {"weights_kind": "synthetic"}
+        from harness import synthetic
+
+        spec = synthetic.resolve_spec(cfg["model"], cfg.get("arch_overrides"))
+        quant = synthetic.normalize_file_type(cfg.get("quant") or "Q4_K_M")
+        path = synthetic.synthetic_gguf(cfg["model"], quant, cfg.get("arch_overrides"))
+        return str(path), {"weights_kind": "synthetic", "weights_file": str(path),
+                           "weights_bytes": synthetic.weights_bytes(spec, quant),
+                           "synthetic_layout": spec["gguf_arch"], "synthetic_exact_layout": spec["exact_layout"]}
+    if weights == "hub":
+        return _hub_weights(cfg)
+    path = Path(weights).expanduser()
+    if not path.exists():
+        raise BenchcalError(f"weights file {weights} does not exist")
+    return str(path), {"weights_kind": "path", "weights_file": str(path), "weights_bytes": _size(path)}
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _hub_weights(cfg: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """Download the model's weights from the Hugging Face hub (GGUF for llama.cpp)."""
+    try:
+        import huggingface_hub
+    except ImportError as exc:
+        raise BenchcalError("--weights hub needs huggingface_hub (pip install huggingface_hub)") from exc
+    from predictor.models import resolve_model
+
+    arch = resolve_model(cfg["model"])
+    repo = cfg.get("engine_options", {}).get("hub_repo") or arch.hf_id
+    if not repo:
+        raise BenchcalError(f"{cfg['model']} has no Hugging Face id; pass --weights PATH")
+    try:
+        if cfg["engine"] == "llama.cpp":
+            filename = cfg.get("engine_options", {}).get("hub_file")
+            if not filename:
+                raise BenchcalError("--weights hub with llama.cpp needs engine option hub_repo and hub_file "
+                                    "(a GGUF repository and file name)")
+            path = huggingface_hub.hf_hub_download(repo, filename)
+        else:
+            path = huggingface_hub.snapshot_download(repo)
+    except BenchcalError:
+        raise
+    except Exception as exc:
+        raise BenchcalError(f"could not download {repo} from the hub ({type(exc).__name__}); "
+                            "no network? pass --weights PATH") from exc
+    return path, {"weights_kind": "hub", "weights_file": path, "hub_repo": repo}
+
+
+# ------------------------------------------------------------------------------------------ provenance
+
+
+@functools.lru_cache(maxsize=1)
+def harness_version() -> str | None:
+    """The benchcal distribution's version (installed metadata, else pyproject.toml)."""
+    try:
+        from importlib.metadata import version
+
+        return version("benchcal")
+    except Exception:
+        pass
+    try:
+        text = (REPO_ROOT / "pyproject.toml").read_text()
+    except OSError:
+        return None
+    match = re.search(r'^version\s*=\s*"([^"]+)"', text, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str | None:
+    """The repository's HEAD commit, with ``-dirty`` when the work tree has changes; None outside git."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=5)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def base_provenance(cfg: Mapping[str, Any], host: Mapping[str, Any], gpu: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Provenance known before the run (machine, device, harness)."""
+    import psutil
+
+    from harness.hostbench import device_bandwidth_gbs
+
+    prov: dict[str, Any] = {
+        "source": "measured",
+        "cpu_model": host.get("cpu_model"),
+        "cpu_cores": host.get("cores"),
+        "host_memory_bytes": int(psutil.virtual_memory().total),
+        "host_bandwidth_gbs": host.get("bandwidth_gbs"),
+        "host_fp32_gflops": host.get("fp32_gflops"),
+        "harness_version": harness_version(),
+        "git_commit": git_commit(),
+        "command_line": " ".join(sys.argv),
+        "hostname": socket.gethostname(),
+        "started_at": records.utc_now(),
+    }
+    if gpu:
+        prov.update({k: gpu.get(k) for k in ("device_name", "device_uuid", "driver", "cuda", "clocks_mhz",
+                                             "power_limit_w", "memory_total_bytes")})
+        prov["device_bandwidth_gbs"] = device_bandwidth_gbs(0, gpu.get("device_uuid"))
+    else:
+        prov.update({"device_name": host.get("cpu_model"), "memory_total_bytes": int(psutil.virtual_memory().total),
+                     "device_bandwidth_gbs": host.get("bandwidth_gbs")})
+    return prov
+
+
+# ---------------------------------------------------------------------------------------- measurements
+
+
+def _timed_events(run: EngineRun, kind: str) -> list[dict[str, Any]]:
+    return [e["timing"] for e in run.find(kind) if not e.get("warmup")]
+
+
+def _ratio(engine_value: float | None, wall_value: float | None) -> float | None:
+    return engine_value / wall_value if engine_value and wall_value else None
+
+
+def build_measurements(run: EngineRun) -> dict[str, Any]:
+    """The record's ``measurements``: every sample kept, summaries, and engine-timer vs wall-clock checks."""
+    out: dict[str, Any] = {}
+    loaded = run.find("loaded")
+    if loaded:
+        out["load_s"] = loaded[0]["load"]["load_s"]
+    by_length: dict[int, list[dict[str, Any]]] = {}
+    for timing in _timed_events(run, "prefill"):
+        by_length.setdefault(int(timing["prompt_tokens"]), []).append(timing)
+    prefill, cross_prefill = [], []
+    for length in sorted(by_length):
+        timings = by_length[length]
+        wall = summarize(prefill_tok_s(length, t["prefill_s"]) for t in timings)
+        engine = summarize(prefill_tok_s(t.get("engine_prompt_tokens") or length, t.get("engine_prefill_s"))
+                           for t in timings)
+        prefill.append({
+            "prompt_tokens": length,
+            "ttft_ms": summarize(t["ttft_s"] * 1000.0 for t in timings),
+            "prefill_tok_s": wall,
+            "prefill_ms": summarize(t["prefill_s"] * 1000.0 for t in timings),
+            "engine_prefill_tok_s": engine,
+        })
+        cross_prefill.append({"prompt_tokens": length, "wall_tok_s": wall["median"], "engine_tok_s": engine["median"],
+                              "engine_over_wall": _ratio(engine["median"], wall["median"])})
+    out["prefill"] = prefill
+    decode_timings = _timed_events(run, "decode")
+    cross: dict[str, Any] = {"prefill": cross_prefill}
+    if decode_timings:
+        first = decode_timings[0]
+        wall = summarize(decode_tok_s(t["token_times_s"], int(t.get("batch") or 1)) for t in decode_timings)
+        engine = summarize((t["engine_decode_tokens"] / t["engine_decode_s"])
+                           if t.get("engine_decode_s") and t.get("engine_decode_tokens") else None
+                           for t in decode_timings)
+        gap_medians_ms = [records.summarize(_gaps_ms(t["token_times_s"]))["median"] for t in decode_timings]
+        out["decode"] = {
+            "gen_tokens": len(first["token_times_s"]),
+            "context_at_start": first["context_at_start"],
+            "decode_tok_s": wall,
+            "engine_decode_tok_s": engine,
+            "inter_token_ms": summarize(gap_medians_ms),
+            "ttft_ms": summarize((t["token_times_s"][0] - t["submit_s"]) * 1000.0 for t in decode_timings),
+        }
+        cross["decode"] = {"wall_tok_s": wall["median"], "engine_tok_s": engine["median"],
+                           "engine_over_wall": _ratio(engine["median"], wall["median"])}
+    cross["note"] = "engine_over_wall = engine-timer rate / wall-clock rate; above 1 means harness overhead"
+    out["crosscheck"] = cross
+    return out
+
+
+def _gaps_ms(times_s: list[float]) -> list[float]:
+    """Milliseconds between consecutive token timestamps."""
+    return [(later - earlier) * 1000.0 for earlier, later in zip(times_s[:-1], times_s[1:], strict=True)]
+
+
+def prediction_error(status: str, verdict: str | None) -> dict[str, Any] | None:
+    """Flag a run whose outcome contradicts the fit verdict (OOM predicted to fit, ok predicted not to)."""
+    if status == "oom" and verdict == "fits":
+        return {"kind": "oom_predicted_fits", "verdict": verdict, "status": status}
+    if status == "ok" and verdict == "does not fit":
+        return {"kind": "ok_predicted_not_fit", "verdict": verdict, "status": status}
+    return None
+
+
+# ------------------------------------------------------------------------------------------------- run
+
+
+def log_path_for(cfg: Mapping[str, Any]) -> Path:
+    """Where the child's log goes: ``$BENCHCAL_CACHE/logs/<time>-<hash10>.log``."""
+    from harness.synthetic import cache_dir
+
+    stamp = records.new_record_id(records.config_hash(cfg))
+    return cache_dir() / "logs" / f"{stamp}.log"
+
+
+def gpu_index(cfg: Mapping[str, Any]) -> int | None:
+    """The NVML index to watch for ``cfg`` (None on CPU)."""
+    if cfg["device"] == "cpu":
+        return None
+    return int((cfg.get("engine_options") or {}).get("gpu_index", 0))
+
+
+def run_config(
+    config: Mapping[str, Any],
+    runs_dir: str | os.PathLike[str] | None = None,
+    *,
+    timeout_s: float | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    say: Callable[[str], None] | None = None,
+    host: Mapping[str, Any] | None = None,
+) -> RunOutcome:
+    """Plan, measure and store one config; returns the record and its path (raises :class:`Interrupted`)."""
+    from harness.hostbench import host_profile
+    from harness.samplers import gpu_snapshot
+
+    cfg = prepare_config(config)
+    root = records.runs_dir(runs_dir)
+    host = dict(host or host_profile())
+    plan = plan_config(cfg, host)
+    for message in plan.messages:
+        (say or print)(message)
+    cfg = plan.config
+    index = gpu_index(cfg)
+    gpu = gpu_snapshot(index) if index is not None else None
+    provenance = base_provenance(cfg, host, gpu)
+    weights_path, weights_info = prepare_weights(cfg)
+    provenance.update(weights_info)
+    log_path = log_path_for(cfg)
+    run = run_engine(cfg, weights_path, log_path, timeout_s=float(timeout_s or cfg.get("timeout_s") or DEFAULT_TIMEOUT_S),
+                     device_index=index, on_event=on_event)
+    if run.memory.get("foreign_processes"):
+        names = ", ".join(f"{p.get('name') or '?'} (pid {p['pid']})" for p in run.memory["foreign_processes"])
+        (say or print)(f"warning: other processes used the GPU during the run: {names}; its memory reading "
+                       "may include theirs")
+    provenance.update({k: run.version.get(k) for k in ("engine_version", "engine_commit", "engine_build")})
+    provenance.update({"finished_at": records.utc_now(), "log_file": str(run.log_path), "wall_s": run.wall_s})
+    record = records.new_record(
+        cfg, status=run.status, reason=run.reason, measurements=build_measurements(run), memory=run.memory,
+        prediction=plan.prediction, planned=plan.planned, provenance=provenance, log_tail=run.log_tail,
+        prediction_reason=plan.prediction_reason, prediction_error=prediction_error(run.status, plan.verdict),
+    )
+    record = records.sanitize_record(record)
+    path = records.write_record(record, root)
+    if run.interrupted:
+        raise Interrupted(path)
+    return RunOutcome(record, path, plan)

@@ -1,0 +1,593 @@
+"""Run records: schema, atomic store and pandas loaders.
+
+A run record is one JSON document describing one measured (or failed) configuration. This module is
+the contract between the harness that writes records and the calibration that reads them, so it imports
+no engine: only the standard library, numpy and pandas.
+
+Layout on disk: ``<runs_dir>/<engine>/<device>/<model>/<id>.json``. Records are written atomically
+(temporary file in the same directory, fsync, then a link or rename that never overwrites).
+
+Units: times in the record carry their unit in the key (``ttft_ms``, ``load_s``), throughputs are tokens
+per second (``*_tok_s``), memory is in bytes (``*_bytes``).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import re
+import secrets
+import statistics
+import tempfile
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "oom", "crash", "timeout", "interrupted")
+ENGINES = ("llama.cpp", "vllm", "transformers")
+MODEL_SOURCES = ("catalogue", "path")
+PEAK_SOURCES = ("nvml_process", "nvml_device", "rss_tree")
+PROVENANCE_SOURCES = ("measured", "imported")
+
+# Keys of ``config`` that do not change what is measured; left out of the config hash.
+VOLATILE_CONFIG_KEYS = frozenset({"label", "notes", "sweep", "timeout_s", "runs_dir"})
+
+# Defaults applied by :func:`normalize_config`; every record's config carries all of these keys.
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "model": None,
+    "model_source": "catalogue",
+    "weights": "synthetic",
+    "quant": None,
+    "engine": "llama.cpp",
+    "device": "cpu",
+    "device_count": 1,
+    "context": 2048,
+    "batch": 1,
+    "kv_dtype": "f16",
+    "prompt_tokens": [],
+    "gen_tokens": 32,
+    "reps": 5,
+    "warmup": 1,
+    "offload_fraction": 0.0,
+    "engine_options": {},
+}
+
+RECORD_KEYS = (
+    "schema_version",
+    "id",
+    "config_hash",
+    "status",
+    "reason",
+    "config",
+    "measurements",
+    "memory",
+    "prediction",
+    "planned",
+    "provenance",
+    "log_tail",
+)
+
+_ID_PATTERN = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{10}-[0-9a-f]{4}$")
+_HASH_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+_SAFE_COMPONENT = re.compile(r"[^A-Za-z0-9._+-]+")
+RUNS_ENV = "BENCHCAL_RUNS"
+
+
+# --------------------------------------------------------------------------------------------- summaries
+
+
+def summarize(samples: Iterable[float]) -> dict[str, Any]:
+    """Summary of repeated samples: every sample kept, plus median, mean, stddev (n-1), p10, p90, n.
+
+    Non-finite samples are dropped. An empty input gives ``n = 0`` and ``None`` statistics.
+    """
+    values = [float(s) for s in samples if s is not None and math.isfinite(float(s))]
+    if not values:
+        return {"samples": [], "median": None, "mean": None, "stddev": None, "p10": None, "p90": None, "n": 0}
+    ordered = sorted(values)
+    return {
+        "samples": values,
+        "median": statistics.median(ordered),
+        "mean": statistics.fmean(ordered),
+        "stddev": statistics.stdev(ordered) if len(ordered) > 1 else 0.0,
+        "p10": _percentile(ordered, 10.0),
+        "p90": _percentile(ordered, 90.0),
+        "n": len(ordered),
+    }
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default method) of an ascending list."""
+    if len(ordered) == 1:
+        return ordered[0]
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a deep copy of ``config`` with every default key present and prompt lengths as sorted ints."""
+    out = copy.deepcopy(CONFIG_DEFAULTS)
+    out.update(copy.deepcopy(dict(config)))
+    prompts = out.get("prompt_tokens") or []
+    if isinstance(prompts, int):
+        prompts = [prompts]
+    out["prompt_tokens"] = sorted({int(p) for p in prompts})
+    out["engine_options"] = dict(out.get("engine_options") or {})
+    return out
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """sha256 (hex) of the canonical JSON of the normalized config, volatile keys left out."""
+    normalized = normalize_config(config)
+    stable = {k: v for k, v in normalized.items() if k not in VOLATILE_CONFIG_KEYS}
+    canonical = json.dumps(stable, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def utc_now() -> str:
+    """Current UTC time as ISO 8601 with a Z suffix, second precision."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_record_id(config_hash_hex: str, when: _dt.datetime | None = None) -> str:
+    """``<UTC yyyymmddTHHMMSSZ>-<config_hash[:10]>-<4 random hex>``."""
+    moment = when or _dt.datetime.now(_dt.timezone.utc)
+    stamp = moment.astimezone(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{config_hash_hex[:10]}-{secrets.token_hex(2)}"
+
+
+def new_record(
+    config: Mapping[str, Any],
+    status: str = "ok",
+    reason: str | None = None,
+    measurements: Mapping[str, Any] | None = None,
+    memory: Mapping[str, Any] | None = None,
+    prediction: Mapping[str, Any] | None = None,
+    planned: Mapping[str, Any] | None = None,
+    provenance: Mapping[str, Any] | None = None,
+    log_tail: Iterable[str] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Build a run record (a plain dict) with a fresh id and the config hash.
+
+    ``provenance`` defaults to ``{"source": "measured"}``; ``prediction`` may be ``None`` (then say why in
+    ``extra["prediction_reason"]`` or inside the prediction dict). Extra keyword arguments (for example
+    ``prediction_error``) are stored at the top level.
+    """
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+    normalized = normalize_config(config)
+    digest = config_hash(normalized)
+    prov = {"source": "measured"}
+    prov.update(dict(provenance or {}))
+    record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "id": new_record_id(digest),
+        "config_hash": digest,
+        "status": status,
+        "reason": reason,
+        "config": normalized,
+        "measurements": dict(measurements or {}),
+        "memory": dict(memory) if memory is not None else {},
+        "prediction": dict(prediction) if prediction is not None else None,
+        "planned": dict(planned) if planned is not None else None,
+        "provenance": prov,
+        "log_tail": list(log_tail or []),
+    }
+    record.update(extra)
+    return record
+
+
+# --------------------------------------------------------------------------------------------- validation
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _validate_summary(summary: Any, where: str) -> None:
+    _require(isinstance(summary, dict), f"{where} must be a summary object")
+    for key in ("samples", "median", "mean", "stddev", "p10", "p90", "n"):
+        _require(key in summary, f"{where} lacks {key!r}")
+    _require(isinstance(summary["samples"], list), f"{where}.samples must be a list")
+    _require(isinstance(summary["n"], int), f"{where}.n must be an int")
+
+
+def validate_record(record: Any) -> None:
+    """Raise ValueError naming the first problem when ``record`` is not a well-formed run record."""
+    _require(isinstance(record, dict), "record must be a JSON object")
+    for key in RECORD_KEYS:
+        _require(key in record, f"record lacks {key!r}")
+    _require(record["schema_version"] == SCHEMA_VERSION, f"unsupported schema_version {record['schema_version']!r}")
+    _require(isinstance(record["id"], str) and bool(_ID_PATTERN.match(record["id"])), f"bad id {record['id']!r}")
+    _require(
+        isinstance(record["config_hash"], str) and bool(_HASH_PATTERN.match(record["config_hash"])),
+        "config_hash must be 64 hex digits",
+    )
+    _require(record["status"] in STATUSES, f"status must be one of {STATUSES}")
+    _require(record["reason"] is None or isinstance(record["reason"], str), "reason must be a string or null")
+    config = record["config"]
+    _require(isinstance(config, dict), "config must be an object")
+    for key in CONFIG_DEFAULTS:
+        _require(key in config, f"config lacks {key!r}")
+    _require(isinstance(config["model"], str) and bool(config["model"]), "config.model must be a string")
+    _require(config["engine"] in ENGINES, f"config.engine must be one of {ENGINES}")
+    _require(isinstance(config["prompt_tokens"], list), "config.prompt_tokens must be a list")
+    _require(isinstance(config["engine_options"], dict), "config.engine_options must be an object")
+    _validate_measurements(record["measurements"])
+    memory = record["memory"]
+    _require(isinstance(memory, dict), "memory must be an object")
+    if memory.get("peak_source") is not None:
+        _require(memory["peak_source"] in PEAK_SOURCES, f"memory.peak_source must be one of {PEAK_SOURCES}")
+    _require(record["prediction"] is None or isinstance(record["prediction"], dict), "prediction must be an object")
+    _require(record["planned"] is None or isinstance(record["planned"], dict), "planned must be an object or null")
+    provenance = record["provenance"]
+    _require(isinstance(provenance, dict), "provenance must be an object")
+    _require(provenance.get("source") in PROVENANCE_SOURCES, f"provenance.source must be one of {PROVENANCE_SOURCES}")
+    _require(isinstance(record["log_tail"], list), "log_tail must be a list of lines")
+
+
+def _validate_measurements(measurements: Any) -> None:
+    _require(isinstance(measurements, dict), "measurements must be an object")
+    for i, point in enumerate(measurements.get("prefill") or []):
+        _require(isinstance(point, dict) and "prompt_tokens" in point, f"measurements.prefill[{i}] lacks prompt_tokens")
+        for key in ("ttft_ms", "prefill_tok_s"):
+            if key in point:
+                _validate_summary(point[key], f"measurements.prefill[{i}].{key}")
+    decode = measurements.get("decode")
+    if decode:
+        _require(isinstance(decode, dict), "measurements.decode must be an object")
+        if "decode_tok_s" in decode:
+            _validate_summary(decode["decode_tok_s"], "measurements.decode.decode_tok_s")
+
+
+# ------------------------------------------------------------------------------------------------- store
+
+
+def runs_dir(cli_value: str | os.PathLike[str] | None = None) -> Path:
+    """Where run records live: the command-line value, else ``$BENCHCAL_RUNS``, else ``./runs``."""
+    if cli_value:
+        return Path(cli_value).expanduser()
+    env = os.environ.get(RUNS_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path("runs")
+
+
+_resolve_runs_dir = runs_dir
+
+
+def safe_component(name: Any) -> str:
+    """A path component made from ``name``: runs of unsafe characters become ``_``."""
+    text = _SAFE_COMPONENT.sub("_", str(name if name is not None else "unknown")).strip("._")
+    return text or "unknown"
+
+
+def record_path(record: Mapping[str, Any], root: str | os.PathLike[str]) -> Path:
+    """``root/<engine>/<device>/<model>/<id>.json`` for ``record``."""
+    config = record["config"]
+    return (
+        Path(root)
+        / safe_component(config.get("engine"))
+        / safe_component(config.get("device"))
+        / safe_component(config.get("model"))
+        / f"{record['id']}.json"
+    )
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _publish_without_overwrite(tmp: Path, final: Path) -> bool:
+    """Move ``tmp`` to ``final`` atomically unless ``final`` exists; True on success."""
+    try:
+        os.link(tmp, final)
+    except FileExistsError:
+        return False
+    except OSError:
+        # Filesystems without hard links: reserve the name exclusively, then replace the placeholder.
+        try:
+            fd = os.open(final, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        os.replace(tmp, final)
+        return True
+    os.unlink(tmp)
+    return True
+
+
+def write_record(record: dict[str, Any], runs_dir: str | os.PathLike[str], attempts: int = 20) -> Path:
+    """Validate and store ``record`` atomically; return its path. Never overwrites an existing record.
+
+    If the id is taken (same second, same config, same random suffix) a new random suffix is drawn and
+    ``record["id"]`` is updated in place.
+    """
+    validate_record(record)
+    for _ in range(attempts):
+        final = record_path(record, runs_dir)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        payload = json.dumps(_sanitize(record), indent=1, allow_nan=False, default=_json_default)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{record['id']}.", suffix=".tmp", dir=final.parent)
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(payload)
+                handle.write("\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            if _publish_without_overwrite(tmp, final):
+                _fsync_dir(final.parent)
+                return final
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        record["id"] = record["id"][:-4] + secrets.token_hex(2)
+    raise FileExistsError(f"could not find a free record name under {Path(runs_dir)} after {attempts} attempts")
+
+
+def _json_default(value: Any) -> Any:
+    """JSON encoding for numpy scalars/arrays and paths; NaN becomes null."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _sanitize(value: Any) -> Any:
+    """Replace non-finite floats by None so records stay strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _sanitize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_sanitize(v) for v in value]
+    return value
+
+
+def sanitize_record(record: dict[str, Any]) -> dict[str, Any]:
+    """Return ``record`` with NaN/inf replaced by null (call before :func:`write_record` on computed data)."""
+    return _sanitize(record)
+
+
+class StoredRun(NamedTuple):
+    """A record read back from disk with the file it came from."""
+
+    path: Path
+    record: dict[str, Any]
+
+
+def _warn_unreadable(path: Path, message: str) -> None:
+    warnings.warn(f"skipping unreadable run record {path}: {message}", stacklevel=3)
+
+
+def iter_records(
+    runs_dir: str | os.PathLike[str],
+    on_error: Callable[[Path, str], None] | None = None,
+) -> Iterator[StoredRun]:
+    """Yield every valid record under ``runs_dir`` (sorted by path) as ``StoredRun(path, record)``.
+
+    Unreadable or malformed files are skipped and reported through ``on_error(path, message)`` (default:
+    a warning); temporary files of writers in progress are ignored. Never raises for a bad file.
+    """
+    report = on_error or _warn_unreadable
+    root = Path(runs_dir)
+    if not root.is_dir():
+        return
+    for path in sorted(root.rglob("*.json")):
+        if path.name.startswith("."):
+            continue
+        try:
+            with path.open(encoding="utf-8") as handle:
+                record = json.load(handle)
+            validate_record(record)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+            report(path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            continue
+        yield StoredRun(path, record)
+
+
+def ok_config_hashes(runs_dir: str | os.PathLike[str]) -> set[str]:
+    """Config hashes that already have a record with status ``ok`` (used to resume sweeps).
+
+    A record measured in place of a planned config (``planned.config_hash``) covers that config too.
+    """
+    hashes: set[str] = set()
+    for run in iter_records(runs_dir, on_error=lambda path, message: None):
+        if run.record["status"] != "ok":
+            continue
+        hashes.add(run.record["config_hash"])
+        planned = run.record.get("planned") or {}
+        if planned.get("config_hash"):
+            hashes.add(planned["config_hash"])
+    return hashes
+
+
+# ------------------------------------------------------------------------------------------------ loaders
+
+RUN_COLUMNS = (
+    "id", "status", "reason", "model", "quant", "engine", "device", "device_count", "context", "batch",
+    "kv_dtype", "weights", "n_gpu_layers", "flash_attn", "n_ubatch", "offload_fraction", "gen_tokens",
+    "prompt_tokens", "ttft_ms", "prefill_tok_s", "decode_tok_s", "decode_tok_s_std", "load_s",
+    "peak_memory_bytes", "peak_memory_source", "engine_weights_bytes", "engine_kv_bytes",
+    "engine_compute_bytes", "engine_total_bytes", "pred_verdict", "pred_memory_total_gib",
+    "pred_decode_tok_s", "pred_prefill_tok_s", "pred_ttft_ms", "source", "engine_version", "device_name",
+    "host_bandwidth_gbs", "device_bandwidth_gbs", "started_at", "path",
+    "config_hash", "prediction_error", "threads", "n_batch",
+)
+
+PREFILL_COLUMNS = (
+    "id", "status", "model", "quant", "engine", "device", "device_count", "context", "batch", "kv_dtype",
+    "weights", "n_gpu_layers", "flash_attn", "n_ubatch", "offload_fraction", "prompt_tokens", "ttft_ms",
+    "ttft_ms_std", "prefill_tok_s", "prefill_tok_s_std", "n", "source", "engine_version", "device_name",
+    "host_bandwidth_gbs", "device_bandwidth_gbs", "started_at", "path",
+)
+
+
+def _median(summary: Any) -> float | None:
+    return summary.get("median") if isinstance(summary, dict) else None
+
+
+def _stddev(summary: Any) -> float | None:
+    return summary.get("stddev") if isinstance(summary, dict) else None
+
+
+def _dig(mapping: Any, *paths: str) -> Any:
+    """First non-None value found at any dotted path in ``mapping``."""
+    for path in paths:
+        node = mapping
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                node = None
+                break
+            node = node[part]
+        if node is not None:
+            return node
+    return None
+
+
+def prediction_columns(prediction: Any) -> dict[str, Any]:
+    """Flatten the predictor's ``Estimate.to_dict()`` into the ``pred_*`` columns (missing keys give None)."""
+    memory_gib = _dig(prediction, "memory.total_gib", "memory_total_gib", "fit.required_gib")
+    if memory_gib is None:
+        total_bytes = _dig(prediction, "memory.total_bytes", "memory_total_bytes", "fit.required_bytes")
+        memory_gib = total_bytes / 2**30 if isinstance(total_bytes, (int, float)) else None
+    return {
+        "pred_verdict": _dig(prediction, "fit.verdict", "verdict"),
+        "pred_memory_total_gib": memory_gib,
+        "pred_decode_tok_s": _dig(prediction, "throughput.decode_tok_s", "decode_tok_s", "decode.tok_s"),
+        "pred_prefill_tok_s": _dig(prediction, "throughput.prefill_tok_s", "prefill_tok_s", "prefill.tok_s"),
+        "pred_ttft_ms": _dig(prediction, "throughput.ttft_ms", "ttft_ms", "prefill.ttft_ms"),
+    }
+
+
+def _common_columns(path: Path, record: dict[str, Any]) -> dict[str, Any]:
+    config = record.get("config") or {}
+    options = config.get("engine_options") or {}
+    provenance = record.get("provenance") or {}
+    return {
+        "id": record.get("id"),
+        "status": record.get("status"),
+        "model": config.get("model"),
+        "quant": config.get("quant"),
+        "engine": config.get("engine"),
+        "device": config.get("device"),
+        "device_count": config.get("device_count"),
+        "context": config.get("context"),
+        "batch": config.get("batch"),
+        "kv_dtype": config.get("kv_dtype"),
+        "weights": config.get("weights"),
+        "n_gpu_layers": options.get("n_gpu_layers"),
+        "flash_attn": options.get("flash_attn"),
+        "n_ubatch": options.get("n_ubatch"),
+        "offload_fraction": config.get("offload_fraction"),
+        "source": provenance.get("source"),
+        "engine_version": provenance.get("engine_version"),
+        "device_name": provenance.get("device_name"),
+        "host_bandwidth_gbs": provenance.get("host_bandwidth_gbs"),
+        "device_bandwidth_gbs": provenance.get("device_bandwidth_gbs"),
+        "started_at": provenance.get("started_at"),
+        "path": str(path),
+    }
+
+
+def run_row(path: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """One flat row (see ``RUN_COLUMNS``) for a stored record."""
+    row = _common_columns(path, record)
+    config = record.get("config") or {}
+    options = config.get("engine_options") or {}
+    measurements = record.get("measurements") or {}
+    memory = record.get("memory") or {}
+    breakdown = memory.get("engine_breakdown") or {}
+    prefill = [p for p in measurements.get("prefill") or [] if isinstance(p, dict)]
+    largest = max(prefill, key=lambda p: p.get("prompt_tokens") or 0) if prefill else {}
+    decode = measurements.get("decode") or {}
+    row.update({
+        "reason": record.get("reason"),
+        "gen_tokens": config.get("gen_tokens"),
+        "prompt_tokens": largest.get("prompt_tokens"),
+        "ttft_ms": _median(largest.get("ttft_ms")),
+        "prefill_tok_s": _median(largest.get("prefill_tok_s")),
+        "decode_tok_s": _median(decode.get("decode_tok_s")),
+        "decode_tok_s_std": _stddev(decode.get("decode_tok_s")),
+        "load_s": measurements.get("load_s"),
+        "peak_memory_bytes": memory.get("peak_bytes"),
+        "peak_memory_source": memory.get("peak_source"),
+        "engine_weights_bytes": breakdown.get("weights_bytes"),
+        "engine_kv_bytes": breakdown.get("kv_bytes"),
+        "engine_compute_bytes": breakdown.get("compute_bytes"),
+        "engine_total_bytes": breakdown.get("total_bytes"),
+        "config_hash": record.get("config_hash"),
+        "prediction_error": bool(record.get("prediction_error")),
+        "threads": options.get("threads"),
+        "n_batch": options.get("n_batch"),
+    })
+    row.update(prediction_columns(record.get("prediction")))
+    return row
+
+
+def prefill_rows(path: Path, record: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per measured prompt length (see ``PREFILL_COLUMNS``) for a stored record."""
+    base = _common_columns(path, record)
+    rows = []
+    for point in (record.get("measurements") or {}).get("prefill") or []:
+        if not isinstance(point, dict):
+            continue
+        ttft = point.get("ttft_ms")
+        rate = point.get("prefill_tok_s")
+        row = dict(base)
+        row.update({
+            "prompt_tokens": point.get("prompt_tokens"),
+            "ttft_ms": _median(ttft),
+            "ttft_ms_std": _stddev(ttft),
+            "prefill_tok_s": _median(rate),
+            "prefill_tok_s_std": _stddev(rate),
+            "n": rate.get("n") if isinstance(rate, dict) else None,
+        })
+        rows.append(row)
+    return rows
+
+
+def load_runs(runs_dir: str | os.PathLike[str] | None = None,
+              on_error: Callable[[Path, str], None] | None = None) -> Any:
+    """A pandas DataFrame with one row per stored run and the flat columns of ``RUN_COLUMNS``."""
+    import pandas as pd
+
+    root = _resolve_runs_dir(runs_dir)
+    rows = [run_row(run.path, run.record) for run in iter_records(root, on_error=on_error)]
+    return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
+
+
+def load_prefill_points(runs_dir: str | os.PathLike[str] | None = None,
+                        on_error: Callable[[Path, str], None] | None = None) -> Any:
+    """A pandas DataFrame with one row per (run, prompt length) and the columns of ``PREFILL_COLUMNS``."""
+    import pandas as pd
+
+    root = _resolve_runs_dir(runs_dir)
+    rows: list[dict[str, Any]] = []
+    for run in iter_records(root, on_error=on_error):
+        rows.extend(prefill_rows(run.path, run.record))
+    return pd.DataFrame(rows, columns=list(PREFILL_COLUMNS))
