@@ -144,6 +144,12 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
     )
     rep.add("Devices", "table", rows, ["Hardware", "Status", "Total / usable GiB", "Decode tok/s", "TTFT s",
                                        "Max safe ctx", "Price"])
+    if len(order) and r["verdict"][order[0], 0, 0, 0] <= 1:
+        best = devs[order[0]]
+        est = predict(arch, best, q.id, context, engine, prompt_tokens=prompt_tokens, batch=batch, kv_dtype=kv.id,
+                      coefficients=table or "default")
+        rep.add(f"Launch commands (fastest that fits: {best.name})", "code",
+                [[est.launch["llama_cpp"]], [est.launch["vllm"]]])
     return rep
 
 
@@ -174,6 +180,14 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
               "contexts": ctxs, "rows": rows},
     )
     rep.add("Matrix", "table", rows, ["Quant", "Bits/weight", "Weights GiB", *[_ctx_label(c) for c in ctxs]])
+    # Launch commands for the widest format that fits at the first context.
+    fitting = [j for j in range(len(quants)) if r["verdict"][0, j, 0, 0] <= 1]
+    if fitting:
+        qf = quants[fitting[0]]
+        est = predict(arch, device, qf.id, ctxs[0], engine, device_count=device_count, kv_dtype=kv.id,
+                      coefficients=table or "default")
+        rep.add(f"Launch commands ({qf.id}, {ctxs[0]:,} context: the widest format that fits)", "code",
+                [[est.launch["llama_cpp"]], [est.launch["vllm"]]])
     rep.charts.append(Chart("Required memory by quantization", "context (tokens)", "GiB", {
         qf.id: (ctxs, [_gib(x) for x in r["total_bytes"][0, j, :, 0]]) for j, qf in enumerate(quants)
     }, hline=usable, hline_label="usable"))
