@@ -6,7 +6,8 @@
 2. plan: ask the predictor (``predictor.estimate.predict``) for the same config; if it says the config
    does not fit the device, say so and measure the recommended one instead (llama.cpp: the most layers on
    the GPU that fit), keeping the original under ``planned``;
-3. weights: a cached synthetic GGUF (default), a user's file, or a hub download;
+3. weights: a cached synthetic GGUF (llama.cpp) or config-only HF directory (vLLM), a user's file or
+   directory, or a hub download;
 4. measure in a child process (:func:`harness.engines.runner.run_engine`);
 5. build the record (samples and summaries, memory, prediction, provenance) and write it atomically.
    An OOM the prediction said fits, or an ok run it said does not fit, is flagged as ``prediction_error``.
@@ -97,6 +98,8 @@ def prepare_config(config: Mapping[str, Any]) -> dict[str, Any]:
                             f"context of {cfg['context']}")
     if cfg["engine"] == "llama.cpp":
         _llama_defaults(cfg)
+    elif cfg["engine"] == "vllm":
+        _vllm_defaults(cfg)
     return cfg
 
 
@@ -131,6 +134,72 @@ def _llama_defaults(cfg: dict[str, Any]) -> None:
     options.setdefault("n_ubatch", 512)
     if cfg["device"] == "cpu":
         options.setdefault("threads", _default_threads())
+
+
+def _vllm_defaults(cfg: dict[str, Any]) -> None:
+    """vLLM options (KV pool, graphs, memory utilization) and the KV dtype the cache will really hold.
+
+    vLLM's ``kv_cache_dtype="auto"`` stores the cache in the model's dtype, so an f16/bf16/auto request is
+    recorded as that dtype (bf16 for a BF16 model); fp8 kinds are kept as asked.
+    """
+    from harness.engines.vllm import default_engine_options, kv_cache_dtype
+    from harness.engines.vllm_child import QUANT_SETTINGS
+
+    cfg["engine_options"] = default_engine_options(cfg)
+    kv_pool = cfg["engine_options"]["kv_pool"]
+    if kv_pool not in ("pinned", "profiled"):
+        raise BenchcalError(f"engine option kv_pool must be 'pinned' or 'profiled', got {kv_pool!r}")
+    quant = str(cfg.get("quant") or "auto").lower()
+    if str(cfg.get("weights") or "synthetic") == "synthetic" and quant not in QUANT_SETTINGS:
+        raise BenchcalError(f"quant {cfg['quant']!r} cannot be made synthetic for vLLM "
+                            f"(supported: {', '.join(sorted(QUANT_SETTINGS))})")
+    if kv_cache_dtype(cfg.get("kv_dtype")) == "auto":
+        cfg["kv_dtype"] = _vllm_model_dtype(cfg) or str(cfg.get("kv_dtype") or "auto").lower()
+
+
+# quant or vLLM dtype -> the dtype it names (other quants run in the checkpoint's torch_dtype).
+_VLLM_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "fp16": "f16", "float16": "f16", "half": "f16",
+                "f32": "f32", "fp32": "f32", "float32": "f32"}
+
+
+def _vllm_model_dtype(cfg: Mapping[str, Any]) -> str | None:
+    """The model dtype vLLM will run in: engine option ``dtype``, the quant, else the config's torch_dtype."""
+    for name in ((cfg.get("engine_options") or {}).get("dtype"), cfg.get("quant")):
+        if name and str(name).lower() in _VLLM_DTYPES:
+            return _VLLM_DTYPES[str(name).lower()]
+    hf_config = _vllm_hf_config(cfg) or {}
+    text = hf_config.get("text_config") if isinstance(hf_config.get("text_config"), dict) else {}
+    for source in (hf_config, text):
+        name = source.get("torch_dtype") or source.get("dtype")
+        if isinstance(name, str) and name.lower() in _VLLM_DTYPES:
+            return _VLLM_DTYPES[name.lower()]
+    return None
+
+
+def _vllm_hf_config(cfg: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The HF config vLLM will load: a directory's config.json, the synthetic model's config, else None."""
+    import json
+
+    weights = str(cfg.get("weights") or "synthetic")
+    if weights == "synthetic":
+        from harness.synthetic_hf import base_config
+
+        try:
+            return base_config(str(cfg["model"]))
+        except BenchcalError:
+            return None  # prepare_weights says why
+    path = Path(weights).expanduser() / "config.json"
+    if weights != "hub" and path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    return None
+
+
+def _vllm_synthetic_overrides(cfg: Mapping[str, Any]) -> dict[str, int] | None:
+    """Shrink overrides of a synthetic vLLM model: ``arch_overrides``, else engine option synthetic_overrides."""
+    for value in (cfg.get("arch_overrides"), (cfg.get("engine_options") or {}).get("synthetic_overrides")):
+        if isinstance(value, Mapping) and value:
+            return {str(k): int(v) for k, v in value.items()}
+    return None
 
 
 def _default_threads() -> int:
@@ -209,6 +278,7 @@ def predict_config(cfg: Mapping[str, Any], host: Mapping[str, Any] | None = None
             offload_fraction=float(cfg.get("offload_fraction") or 0.0),
             flash_attn=bool(options.get("flash_attn", False)), n_ubatch=int(options.get("n_ubatch") or 512),
             host_bandwidth_gbs=(host or {}).get("bandwidth_gbs"), host_memory_gib=(host or {}).get("memory_gib"),
+            enforce_eager=bool(options.get("enforce_eager", False)),
         )
         return estimate.to_dict(), None
     except BenchcalError as exc:
@@ -221,10 +291,10 @@ def plan_config(cfg: dict[str, Any], host: Mapping[str, Any] | None = None) -> P
     """Predict ``cfg``; replace a llama.cpp GPU config that does not fit by the most GPU layers that fit."""
     prediction, reason = predict_config(cfg, host)
     plan = Plan(cfg, prediction, reason)
-    if prediction is None or plan.verdict != "does not fit":
+    if prediction is None or plan.verdict not in ("needs offload", "does not fit"):
         return plan
     if cfg["engine"] != "llama.cpp" or cfg["device"] == "cpu":
-        plan.messages.append(f"predicted not to fit on {cfg['device']}; measuring anyway")
+        plan.messages.append(f"predicted {plan.verdict} on {cfg['device']}; measuring anyway")
         return plan
     layers = int((prediction.get("fit") or {}).get("max_gpu_layers") or 0)
     total_layers = int((prediction.get("model") or {}).get("layers") or 0)
@@ -234,7 +304,7 @@ def plan_config(cfg: dict[str, Any], host: Mapping[str, Any] | None = None) -> P
         replaced["offload_fraction"] = round(1.0 - min(layers, total_layers) / total_layers, 4)
     new_prediction, new_reason = predict_config(replaced, host)
     planned = {"config": cfg, "config_hash": records.config_hash(cfg), "verdict": plan.verdict,
-               "reason": f"predicted not to fit on {cfg['device']}; measuring {layers} GPU layers instead"}
+               "reason": f"predicted {plan.verdict} on {cfg['device']}; measuring {layers} GPU layers instead"}
     message = f"{cfg['model']} {cfg.get('quant')} ctx {cfg['context']}: {planned['reason']}"
     return Plan(replaced, new_prediction, new_reason, planned, [message])
 
@@ -246,6 +316,8 @@ def prepare_weights(cfg: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]
     """Path of the weights to load and facts about them (for provenance)."""
     weights = str(cfg.get("weights") or "synthetic")
     if weights == "synthetic":
+        if cfg["engine"] == "vllm":
+            return _vllm_synthetic_weights(cfg)
         if cfg["engine"] != "llama.cpp":
             return None, {"weights_kind": "synthetic"}
         from harness import synthetic
@@ -262,6 +334,18 @@ def prepare_weights(cfg: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]
     if not path.exists():
         raise BenchcalError(f"weights file {weights} does not exist")
     return str(path), {"weights_kind": "path", "weights_file": str(path), "weights_bytes": _size(path)}
+
+
+def _vllm_synthetic_weights(cfg: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The cached config-only HF directory vLLM loads with random weights (``load_format="dummy"``)."""
+    import json
+
+    from harness.synthetic_hf import synthetic_hf_dir
+
+    folder = synthetic_hf_dir(str(cfg["model"]), _vllm_synthetic_overrides(cfg))
+    hf_config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    return str(folder), {"weights_kind": "synthetic", "weights_file": str(folder), "weights_load_format": "dummy",
+                         "synthetic_layout": (hf_config.get("architectures") or [None])[0]}
 
 
 def _size(path: Path) -> int:
@@ -380,6 +464,8 @@ def build_measurements(run: EngineRun) -> dict[str, Any]:
     loaded = run.find("loaded")
     if loaded:
         out["load_s"] = loaded[0]["load"]["load_s"]
+        # What the engine reported on load (vLLM: resolved options, weights inventory; llama.cpp: model size).
+        out["load"] = {k: v for k, v in loaded[0]["load"].items() if k != "load_s"}
     by_length: dict[int, list[dict[str, Any]]] = {}
     for timing in _timed_events(run, "prefill"):
         by_length.setdefault(int(timing["prompt_tokens"]), []).append(timing)

@@ -63,12 +63,14 @@ def evaluate(
     n_ubatch=512,
     host_bandwidth_gbs=DEFAULT_HOST_BANDWIDTH_GBS,
     host_memory_gib=DEFAULT_HOST_MEMORY_GIB,
+    enforce_eager=False,
     with_max_context: bool = True,
 ) -> dict[str, np.ndarray]:
     """Evaluate the model over broadcastable arrays; returns arrays keyed by quantity (bytes, s).
 
     ``kind`` is the device kind ("gpu", "unified", "cpu"); ``offload_fraction`` is the share of the
-    repeating layers kept in host memory (llama.cpp layers; vLLM cpu_offload_gb).
+    repeating layers kept in host memory (llama.cpp layers; vLLM cpu_offload_gb). ``enforce_eager``
+    (vLLM) drops the CUDA-graph pool; there are no CUDA graphs on a CPU device either.
     """
     kind = np.asarray(kind)
     on_gpu = kind == "gpu"
@@ -92,7 +94,8 @@ def evaluate(
     kv_total = mem.kv_cache_bytes(arch, context, batch, kv_bytes_per_element, engine)
     kv_host_share = frac if engine == "llama.cpp" else 0.0  # llama.cpp keeps KV with its layer
     dev_kv = kv_total * (1.0 - kv_host_share)
-    runtime = mem.runtime_bytes(arch, engine, coeffs, context, n_ubatch, flash_attn, batch) * n_dev
+    eager = np.logical_or(np.asarray(enforce_eager, bool), kind == "cpu")
+    runtime = mem.runtime_bytes(arch, engine, coeffs, context, n_ubatch, flash_attn, batch, eager) * n_dev
     total = dev_w + dev_kv + runtime
     usable = mem.usable_device_bytes(memory_gib, usable_gib, kind, coeffs["reserve_gib"]) * n_dev
     util = total / usable
@@ -165,17 +168,17 @@ def evaluate(
     result["max_gpu_layers"] = np.where(on_gpu, ngl, L + 1)
     if with_max_context:
         result["max_context"] = _max_context(arch, engine, coeffs, usable, dev_w, frac, n_dev,
-                                             kv_bytes_per_element, batch, n_ubatch, flash_attn)
+                                             kv_bytes_per_element, batch, n_ubatch, flash_attn, eager)
     return result
 
 
-def _max_context(arch, engine, coeffs, usable, dev_w, frac, n_dev, kv_bpe, batch, n_ubatch, flash_attn):
+def _max_context(arch, engine, coeffs, usable, dev_w, frac, n_dev, kv_bpe, batch, n_ubatch, flash_attn, eager):
     """Largest context (multiple of 256, up to the model's maximum) whose total stays "fits"."""
     kv_share = frac if engine == "llama.cpp" else 0.0
 
     def total_at(ctx):
         kv = mem.kv_cache_bytes(arch, ctx, batch, kv_bpe, engine) * (1.0 - kv_share)
-        rt = mem.runtime_bytes(arch, engine, coeffs, ctx, n_ubatch, flash_attn, batch) * n_dev
+        rt = mem.runtime_bytes(arch, engine, coeffs, ctx, n_ubatch, flash_attn, batch, eager) * n_dev
         return dev_w + kv + rt
 
     limit = usable * TIGHT_UTILIZATION
@@ -341,6 +344,7 @@ def predict(
     coefficients: str | Path | Coefficients | None = "default",
     host_bandwidth_gbs: float | None = None,
     host_memory_gib: float | None = None,
+    enforce_eager: bool = False,
     launch: bool = True,
 ) -> Estimate:
     """Predict memory, fit and throughput for one configuration.
@@ -393,6 +397,7 @@ def predict(
         offload_fraction=offload_fraction, flash_attn=flash_attn, n_ubatch=n_ubatch,
         host_bandwidth_gbs=host_bw,
         host_memory_gib=host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
+        enforce_eager=enforce_eager,
     )
     scalars = {k: float(np.asarray(val).reshape(-1)[0]) for k, val in values.items()}
     throughput_offload = float(offload_fraction)
@@ -407,7 +412,7 @@ def predict(
                          prompt_tokens=prompt_tokens, device_count=device_count,
                          offload_fraction=throughput_offload, flash_attn=flash_attn, n_ubatch=n_ubatch,
                          host_bandwidth_gbs=host_bw, host_memory_gib=host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
-                         with_max_context=False)
+                         enforce_eager=enforce_eager, with_max_context=False)
         for key in ("decode_step_s", "decode_tok_s", "decode_tok_s_total", "prefill_s", "prefill_tok_s", "ttft_s"):
             scalars[key] = float(np.asarray(rerun[key]).reshape(-1)[0])
         scalars["recommended_offload_bytes"] = float(np.asarray(rerun["offload_bytes"]).reshape(-1)[0])

@@ -81,12 +81,13 @@ def vllm_activation_bytes(arch: ModelArch, max_batched_tokens=VLLM_MAX_BATCHED_T
 
 
 def runtime_bytes(arch: ModelArch, engine: str, coeffs, context, n_ubatch, flash_attn, batch=1,
-                  enforce_eager: bool = False):
-    """Engine runtime on the device: fixed context + compute/activation buffers (+ vLLM graphs)."""
+                  enforce_eager=False):
+    """Engine runtime on the device: fixed context + compute/activation buffers (+ vLLM CUDA graphs,
+    none when ``enforce_eager``)."""
     fixed = coeffs["runtime_fixed_gib"] * GIB
     scale = coeffs["compute_buffer_scale"]
     if engine == "vllm":
-        graphs = 0.0 if enforce_eager else coeffs["vllm_graph_gib"] * GIB
+        graphs = np.where(np.asarray(enforce_eager, bool), 0.0, coeffs["vllm_graph_gib"] * GIB)
         extra = coeffs["vllm_non_torch_gib"] * GIB + graphs
         return fixed + extra + scale * vllm_activation_bytes(arch) + np.zeros_like(np.asarray(context, float))
     return fixed + scale * llama_compute_buffer_bytes(arch, context, n_ubatch, flash_attn, batch)

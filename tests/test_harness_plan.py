@@ -1,0 +1,27 @@
+"""Planning a run: a configuration the predictor says will not fit is replaced by the one it recommends."""
+
+from __future__ import annotations
+
+from harness.protocol import plan_config, prepare_config
+
+
+def test_qwen72b_q4km_on_one_l4_is_measured_with_the_layers_that_fit():
+    cfg = prepare_config({"model": "qwen2.5-72b", "quant": "Q4_K_M", "engine": "llama.cpp", "device": "l4",
+                          "context": 8192, "prompt_tokens": [512], "gen_tokens": 32})
+    plan = plan_config(cfg)
+    assert plan.planned is not None
+    assert plan.planned["verdict"] == "needs offload"
+    assert plan.planned["config"]["context"] == 8192
+    layers = plan.config["engine_options"]["n_gpu_layers"]
+    assert 0 < layers < 80
+    assert plan.config["offload_fraction"] == round(1 - layers / 80, 4)
+    assert plan.prediction["fit"]["verdict"] in ("fits", "tight")
+    assert any("needs offload" in m for m in plan.messages)
+
+
+def test_a_config_that_fits_is_measured_as_asked():
+    cfg = prepare_config({"model": "qwen2.5-7b", "quant": "Q4_K_M", "engine": "llama.cpp", "device": "h200-sxm",
+                          "context": 8192, "prompt_tokens": [512], "gen_tokens": 32})
+    plan = plan_config(cfg)
+    assert plan.planned is None and plan.config == cfg
+    assert plan.prediction["fit"]["verdict"] == "fits"
