@@ -49,7 +49,7 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--gpu", default="auto", help="auto (the NVIDIA GPU if there is one, else cpu), cpu, or the "
                        "catalogue id of this machine's GPU (default auto)")
     bench.add_argument("--model", help="catalogue model id (smollm2-135m, llama-3.1-8b, ...)")
-    bench.add_argument("--engine", default="llama.cpp", help="llama.cpp or vllm (default llama.cpp)")
+    bench.add_argument("--engine", default="llama.cpp", help="llama.cpp, vllm, or transformers (a torch fallback on GPUs; default llama.cpp)")
     bench.add_argument("--quant", default=None, help="weight format: F16, Q8_0, Q4_0, Q4_K_M, ... "
                        "(default Q4_K_M for llama.cpp)")
     bench.add_argument("--ctx", type=int, default=2048, help="context length in tokens (default 2048)")

@@ -39,6 +39,7 @@ from predictor.errors import BenchcalError, suggest
 ENGINE_CLASSES: dict[str, str] = {
     "llama.cpp": "harness.engines.llama_cpp:LlamaCppEngine",
     "vllm": "harness.engines.vllm:VllmEngine",
+    "transformers": "harness.engines.transformers_engine:TransformersEngine",
 }
 
 # Out-of-memory messages common to CUDA programs (matched case-insensitively in the child's log).
