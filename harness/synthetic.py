@@ -31,7 +31,7 @@ import numpy as np
 
 from predictor.errors import BenchcalError, suggest
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: quantized/F16 data drawn from a per-file pool of random blocks
 CHUNK_BYTES = 32 * 2**20  # random data generated and written per step
 ALIGNMENT_BYTES = 32  # GGUF default data alignment
 
@@ -338,7 +338,32 @@ def _random_f16(rng: np.random.Generator, n_values: int) -> np.ndarray:
     return values.astype(np.uint16).view(np.uint8)
 
 
-def _tensor_chunks(rng: np.random.Generator, plan: TensorPlan):
+class _BlockPool:
+    """Random blocks generated once per file and type, served as windows at random block offsets.
+
+    Drawing fresh random bytes for every block made generation CPU-bound (~0.2 GB/s); windows into a
+    pool of two chunks' worth keep the data random-looking and make writing disk-bound.
+    """
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.pools: dict[str, np.ndarray] = {}
+
+    def chunk(self, ggml_type: str, n_blocks: int) -> np.ndarray:
+        block_values, block_bytes, _ = GGML_BLOCKS[ggml_type]
+        per_chunk = max(1, CHUNK_BYTES // block_bytes)
+        pool = self.pools.get(ggml_type)
+        if pool is None:
+            if ggml_type == "F16":
+                pool = _random_f16(self.rng, 2 * per_chunk * block_values)
+            else:
+                pool = _random_blocks(self.rng, ggml_type, 2 * per_chunk).reshape(-1)
+            self.pools[ggml_type] = pool
+        start = int(self.rng.integers(0, per_chunk + 1)) * block_bytes
+        return pool[start:start + n_blocks * block_bytes]
+
+
+def _tensor_chunks(rng: np.random.Generator, plan: TensorPlan, pool: _BlockPool | None = None):
     """Yield the tensor's bytes in chunks of at most ``CHUNK_BYTES``."""
     if plan.ggml_type == "F32":  # norms and router weights: ones / small values
         values = np.ones(plan.n_values, dtype=np.float32)
@@ -346,15 +371,12 @@ def _tensor_chunks(rng: np.random.Generator, plan: TensorPlan):
             values = rng.uniform(-0.02, 0.02, plan.n_values).astype(np.float32)
         yield values.view(np.uint8)
         return
+    pool = pool or _BlockPool(rng)
     block_values, block_bytes, _ = GGML_BLOCKS[plan.ggml_type]
     total_blocks = plan.n_values // block_values
     per_chunk = max(1, CHUNK_BYTES // block_bytes)
     for start in range(0, total_blocks, per_chunk):
-        count = min(per_chunk, total_blocks - start)
-        if plan.ggml_type == "F16":
-            yield _random_f16(rng, count)
-        else:
-            yield _random_blocks(rng, plan.ggml_type, count).reshape(-1)
+        yield pool.chunk(plan.ggml_type, min(per_chunk, total_blocks - start))
 
 
 def _add_metadata(writer: Any, spec: Mapping[str, Any], file_type: str) -> None:
@@ -416,11 +438,12 @@ def write_synthetic_gguf(spec: Mapping[str, Any], file_type: str, path: str | os
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
+    pool = _BlockPool(rng)
     handle = writer.fout[0]
     _pad(handle)
     for plan in plans:
         written = 0
-        for chunk in _tensor_chunks(rng, plan):
+        for chunk in _tensor_chunks(rng, plan, pool):
             chunk.tofile(handle)
             written += chunk.nbytes
         if written != plan.nbytes:
