@@ -123,9 +123,14 @@ def main() -> None:
     parser.add_argument("--quant", default="Q4_0")
     parser.add_argument("--reps", type=int, default=8)
     parser.add_argument("--gen", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="engine threads (default: the harness's default, which leaves the sampler a core)")
     parser.add_argument("--interval", type=float, default=0.005, help="sampler interval in seconds (default 0.005)")
     args = parser.parse_args()
+    if args.threads is None:
+        from harness.protocol import default_threads
+
+        args.threads = default_threads()
     print(json.dumps({"overhead": overhead(args), "spike": spike(args.interval)}, indent=1))
 
 

@@ -133,7 +133,7 @@ def _llama_defaults(cfg: dict[str, Any]) -> None:
     options.setdefault("n_batch", 512)
     options.setdefault("n_ubatch", 512)
     if cfg["device"] == "cpu":
-        options.setdefault("threads", _default_threads())
+        options.setdefault("threads", default_threads())
 
 
 def _vllm_defaults(cfg: dict[str, Any]) -> None:
@@ -202,7 +202,7 @@ def _vllm_synthetic_overrides(cfg: Mapping[str, Any]) -> dict[str, int] | None:
     return None
 
 
-def _default_threads() -> int:
+def default_threads() -> int:
     """CPU threads for llama.cpp: the physical cores, leaving one hardware thread to the harness's sampler.
 
     With SMT the sibling threads are free already; without it one core is left out (ggml's spinning thread
