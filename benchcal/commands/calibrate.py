@@ -1,0 +1,205 @@
+"""Calibration commands: calibrate, report, check, import (llama-bench, vllm-bench)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from predictor.errors import BenchcalError, positive
+from predictor.render import FORMATS
+
+RAW = argparse.RawDescriptionHelpFormatter
+PACKAGE_DIR = Path(__file__).resolve().parents[2] / "calibration"
+
+
+def _runs_dirs(args) -> list[str]:
+    from harness.records import runs_dir
+
+    return [str(d) for d in (args.runs_dir or [runs_dir(None)])]
+
+
+def _dataset(args):
+    from calibration.dataset import load_dataset
+
+    dirs = _runs_dirs(args)
+    dataset = load_dataset(dirs)
+    if len(dataset.observations.runs) == 0:
+        raise BenchcalError(f"no run records under {', '.join(dirs)} (measure with `benchcal bench` or "
+                            "`benchcal import`)")
+    return dataset, dirs
+
+
+def _table(path: str | None):
+    from predictor.coefficients import Coefficients, default_coefficients_path, load_coefficients
+
+    if path is not None and path.lower() == "defaults":
+        return Coefficients()
+    return load_coefficients(path or default_coefficients_path())
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(text, encoding="utf-8")
+        print(f"wrote {output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def cmd_calibrate(args) -> int:
+    from calibration.crossval import annotate, cross_validate
+    from calibration.output import write_table
+    from calibration.table import fit_table
+
+    dataset, dirs = _dataset(args)
+    if not any(block.fittable.any() for block in dataset.blocks.values()):
+        raise BenchcalError(f"no usable measurements under {', '.join(dirs)} (only failed or incomplete runs)")
+    table = fit_table(dataset, n_boot=args.bootstrap, source=f"benchcal calibrate --runs-dir {' '.join(dirs)}")
+    table = annotate(table, dataset, cross_validate(dataset, table))
+    for path in write_table(table, args.out, dirs):
+        print(f"wrote {path}")
+    metrics = table.get("cross_validation") or {}
+    for name, label in (("in_sample", "in-sample"), ("lomo", "leave-one-model-out"), ("lodo", "leave-one-device-out")):
+        overall = (metrics.get(name) or {}).get("overall") or {}
+        parts = [f"{q} MAPE {100 * m['mape']:.1f}% (n={m['n']})" for q, m in overall.items() if m.get("n")]
+        print(f"{label}: " + ("; ".join(parts) if parts else "not enough data"))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from calibration.report import build_report
+    from predictor.render import render
+
+    table = _table(args.coefficients)
+    dataset, _dirs = _dataset(args)
+    report = build_report(dataset, table, charts=args.format == "html")
+    _emit(render(report, args.format), args.output)
+    return 0
+
+
+def cmd_check(args) -> int:
+    from calibration.check import baseline_document, load_baseline, load_thresholds, run_check, summary_lines
+
+    thresholds = load_thresholds(args.thresholds)
+    baseline_path = None if str(args.baseline).lower() == "none" else args.baseline
+    table = _table(args.coefficients)
+    dataset, dirs = _dataset(args)
+    result = run_check(dataset, table, thresholds, None if args.write_baseline else load_baseline(baseline_path),
+                       include_noisy=args.include_noisy)
+    if args.write_baseline:
+        if baseline_path is None:
+            raise BenchcalError("--write-baseline needs a --baseline path")
+        Path(baseline_path).write_text(json.dumps(baseline_document(result, table.source, dirs), indent=1) + "\n")
+        print(f"wrote {baseline_path}")
+    print(f"benchcal check: coefficients {table.source}; runs {', '.join(dirs)}")
+    for line in summary_lines(result):
+        print(line)
+    for note in result.notes:
+        print(f"note: {note}")
+    if result.failures and not args.write_baseline:
+        print(f"FAILED: {len(result.failures)} error(s) over threshold or worse than the baseline:")
+        for failure in result.failures:
+            print(f"  {failure}")
+        return 1
+    print("ok: every error within its threshold" + ("" if args.write_baseline else " and the baseline tolerance"))
+    return 0
+
+
+def cmd_import_llama_bench(args) -> int:
+    from calibration.importers import import_llama_bench
+
+    runs = args.runs_dir or str(Path(_runs_dirs(argparse.Namespace(runs_dir=None))[0]) / "imported")
+    total = 0
+    for file in args.files:
+        written, messages = import_llama_bench(file, model=args.model, runs_dir=runs, gpu=args.gpu,
+                                               source_url=args.source_url, gpu_count=args.gpus)
+        total += len(written)
+        for message in messages:
+            print(f"{file}: {message}", file=sys.stderr)
+    print(f"imported {total} record(s) into {runs}")
+    return 0
+
+
+def cmd_import_vllm_bench(args) -> int:
+    from calibration.importers_vllm import import_vllm_bench
+
+    runs = args.runs_dir or str(Path(_runs_dirs(argparse.Namespace(runs_dir=None))[0]) / "imported")
+    total = 0
+    for file in args.files:
+        written, messages = import_vllm_bench(file, model=args.model, runs_dir=runs, gpu=args.gpu, quant=args.quant,
+                                              source_url=args.source_url, gpu_count=args.gpus or 1,
+                                              input_len=args.input_len, output_len=args.output_len,
+                                              batch_size=args.batch_size)
+        total += len(written)
+        for message in messages:
+            print(f"{file}: {message}", file=sys.stderr)
+    print(f"imported {total} record(s) into {runs}")
+    return 0
+
+
+def cmd_import_missing_kind(args) -> int:
+    raise BenchcalError("import needs a kind: llama-bench or vllm-bench (see benchcal import --help)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        return int(positive("value", int(text)))
+    except (ValueError, BenchcalError):
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+
+
+def register(sub) -> None:
+    runs_help = "directory of run records; repeat for several (default: $BENCHCAL_RUNS or ./runs)"
+    p = sub.add_parser("calibrate", help="fit coefficients from stored runs; write coefficients.{json,csv,md}",
+                       formatter_class=RAW, epilog="example:\n  benchcal calibrate --runs-dir runs --out calibration")
+    p.add_argument("--runs-dir", action="append", default=None, help=runs_help)
+    p.add_argument("--out", default=str(PACKAGE_DIR), help="output directory (default: calibration/)")
+    p.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples for uncertainties (default 100)")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("report", help="measured vs predicted (engine defaults and calibrated) for every run",
+                       formatter_class=RAW, epilog="example:\n  benchcal report --format html --output report.html")
+    p.add_argument("--runs-dir", action="append", default=None, help=runs_help)
+    p.add_argument("--coefficients", default=None, help="coefficients.json (default: calibration/coefficients.json "
+                   "when present; 'defaults' for engine defaults)")
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    p.add_argument("--output", "-o", default=None, help="write to FILE instead of stdout")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("check", help="accuracy gate: exit 1 when an error exceeds its threshold or the baseline",
+                       formatter_class=RAW, epilog="example:\n  benchcal check --runs-dir runs\n"
+                       "  benchcal check --runs-dir runs --write-baseline")
+    p.add_argument("--runs-dir", action="append", default=None, help=runs_help)
+    p.add_argument("--coefficients", default=None, help="coefficients.json (default: calibration/coefficients.json)")
+    p.add_argument("--thresholds", default=str(PACKAGE_DIR / "accuracy.toml"), help="thresholds TOML "
+                   "(default: calibration/accuracy.toml)")
+    p.add_argument("--baseline", default=str(PACKAGE_DIR / "baseline.json"), help="baseline JSON to compare with "
+                   "(default: calibration/baseline.json; 'none' to skip)")
+    p.add_argument("--write-baseline", action="store_true", help="write the current errors as the new baseline")
+    p.add_argument("--include-noisy", action="store_true", help="also score measurements whose repetitions "
+                   "spread more than 5%% (left out by default)")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("import", help="import llama-bench or vLLM benchmark results as run records",
+                       formatter_class=RAW, epilog="examples:\n  benchcal import llama-bench results.json "
+                       "--model llama-3.1-8b\n  benchcal import vllm-bench serve.json --model qwen2.5-7b --gpu h100-sxm")
+    kinds = p.add_subparsers(dest="kind", metavar="KIND", parser_class=type(p))
+    for name, func, helptext in (("llama-bench", cmd_import_llama_bench, "llama-bench md/csv/json/jsonl output"),
+                                 ("vllm-bench", cmd_import_vllm_bench, "vllm bench serve/latency/throughput JSON")):
+        k = kinds.add_parser(name, help=helptext, formatter_class=RAW,
+                             epilog=f"example:\n  benchcal import {name} FILE --model llama-3-8b --gpu rtx-4090")
+        k.add_argument("files", nargs="+", metavar="FILE", help="result file(s)")
+        k.add_argument("--model", required=True, help="catalogue model the results are for (e.g. llama-3-8b)")
+        k.add_argument("--gpu", default=None, help="device id or name (default: from the file)")
+        k.add_argument("--gpus", type=_positive_int, default=None, help="number of GPUs used (default 1, or the file's)")
+        k.add_argument("--runs-dir", default=None, help="where records go (default: ./runs/imported)")
+        k.add_argument("--source-url", default=None, help="where the file was published (stored in provenance)")
+        if name == "vllm-bench":
+            k.add_argument("--quant", default="BF16", help="weight format served (default BF16)")
+            k.add_argument("--input-len", type=_positive_int, default=None, help="prompt tokens (latency/throughput)")
+            k.add_argument("--output-len", type=_positive_int, default=None, help="output tokens (latency/throughput)")
+            k.add_argument("--batch-size", type=_positive_int, default=None, help="batch size (latency)")
+        k.set_defaults(func=func)
+    p.set_defaults(func=cmd_import_missing_kind)

@@ -1,0 +1,194 @@
+"""The accuracy gate: recompute every error with the current code and coefficients, compare with thresholds
+(``calibration/accuracy.toml``) and with a committed baseline (``calibration/baseline.json``).
+
+Errors are grouped per (engine, device). A group fails when its decode / prefill / TTFT MAPE or decode
+p90 exceeds its threshold, or when its MAPE grew by more than the tolerance over the baseline; a run
+fails when its peak-memory error exceeds max(``memory_rel`` x measured, ``memory_abs_mib``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibration.crossval import quantity_ape, scored_rows, summarize_errors
+from calibration.dataset import Dataset, measured, predict
+from predictor.coefficients import Coefficients
+from predictor.errors import BenchcalError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_THRESHOLDS = {"decode_mape": 0.10, "decode_p90": 0.20, "prefill_mape": 0.15, "ttft_mape": 0.15,
+                      "memory_rel": 0.03, "memory_abs_mib": 256.0}
+DEFAULT_TOLERANCE = {"mape_increase": 0.02}
+MIB = float(2**20)
+QUANTITIES = ("decode", "prefill", "ttft")
+
+
+@dataclass
+class Thresholds:
+    """Limits per metric, with per-group overrides ("engine/device" -> {metric: limit})."""
+
+    limits: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
+    tolerance: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TOLERANCE))
+    overrides: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def limit(self, group: str, metric: str) -> float:
+        return float(self.overrides.get(group, {}).get(metric, self.limits[metric]))
+
+
+def load_thresholds(path: str | Path | None) -> Thresholds:
+    """Read the thresholds TOML ([thresholds], [tolerance], [overrides."engine/device"]); None: defaults."""
+    if path is None:
+        return Thresholds()
+    p = Path(path)
+    if not p.is_file():
+        raise BenchcalError(f"thresholds file not found: {p}")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise BenchcalError(f"thresholds file {p} is not valid TOML: {exc}") from None
+    limits = dict(DEFAULT_THRESHOLDS)
+    limits.update({k: float(v) for k, v in (data.get("thresholds") or {}).items()})
+    tolerance = dict(DEFAULT_TOLERANCE)
+    tolerance.update({k: float(v) for k, v in (data.get("tolerance") or {}).items()})
+    overrides = {str(g): {k: float(v) for k, v in vals.items()} for g, vals in (data.get("overrides") or {}).items()}
+    unknown = {k for vals in overrides.values() for k in vals} - set(DEFAULT_THRESHOLDS)
+    if unknown:
+        raise BenchcalError(f"thresholds file {p}: unknown metric(s) {', '.join(sorted(unknown))}")
+    return Thresholds(limits, tolerance, overrides)
+
+
+def group_metrics(dataset: Dataset, predictions: dict[str, np.ndarray],
+                  include_noisy: bool = False) -> dict[str, dict[str, Any]]:
+    """{"engine/device": {"decode": {mape, p90, n}, "prefill": ..., "ttft": ..., "memory": {...}}}."""
+    actual = measured(dataset)
+    out: dict[str, dict[str, Any]] = {}
+    for q in QUANTITIES + ("memory",):
+        block = dataset.blocks["prefill" if q == "ttft" else q]
+        if len(block) == 0:
+            continue
+        errors = np.where(scored_rows(dataset, q, include_noisy), quantity_ape(q, predictions[q], actual[q]), np.nan)
+        groups = (block.meta["engine"].astype(str) + "/" + block.meta["device"].astype(str)).to_numpy()
+        for group in sorted(set(groups)):
+            stats = summarize_errors(errors[groups == group])
+            if stats["n"]:
+                out.setdefault(group, {})[q] = stats
+    return out
+
+
+def memory_failures(dataset: Dataset, predictions: dict[str, np.ndarray], thresholds: Thresholds) -> list[dict]:
+    """Runs whose peak-memory error exceeds max(memory_rel x measured, memory_abs_mib)."""
+    block = dataset.blocks["memory"]
+    failures = []
+    for i, meta in enumerate(block.meta.to_dict("records")):
+        meas, pred = block.y[i], predictions["memory"][i]
+        if not (np.isfinite(meas) and np.isfinite(pred)):
+            continue
+        group = f"{meta['engine']}/{meta['device']}"
+        allowed = max(thresholds.limit(group, "memory_rel") * meas, thresholds.limit(group, "memory_abs_mib") * MIB)
+        if abs(pred - meas) > allowed:
+            failures.append({"group": group, "id": meta["id"], "model": meta["model_key"], "quant": meta["quant"],
+                             "context": meta["context"], "measured_mib": round(meas / MIB, 1),
+                             "predicted_mib": round(pred / MIB, 1), "allowed_mib": round(allowed / MIB, 1)})
+    return failures
+
+
+@dataclass
+class CheckResult:
+    """Metrics, failures (threshold and regression) and notes of one check."""
+
+    metrics: dict[str, dict[str, Any]]
+    failures: list[str]
+    notes: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def run_check(dataset: Dataset, table: Coefficients, thresholds: Thresholds,
+              baseline: dict[str, Any] | None = None, include_noisy: bool = False) -> CheckResult:
+    """Compare recomputed errors with thresholds and, when given, the baseline.
+
+    ``include_noisy``: also score measurements whose repetitions spread more than 5% (left out by default).
+    """
+    predictions = predict(dataset, table)
+    metrics = group_metrics(dataset, predictions, include_noisy)
+    failures, notes = [], []
+    if not include_noisy:
+        for q, block in dataset.blocks.items():
+            noisy = int((block.noisy & block.features.valid).sum())
+            if noisy:
+                notes.append(f"{noisy} {q} measurement(s) left out: repetitions spread more than 5% "
+                             "(--include-noisy scores them)")
+    for group, by_q in metrics.items():
+        for q in QUANTITIES:
+            stats = by_q.get(q)
+            if not stats:
+                continue
+            limit = thresholds.limit(group, f"{q}_mape")
+            if stats["mape"] > limit:
+                failures.append(f"{group} {q}: MAPE {100 * stats['mape']:.1f}% > {100 * limit:.1f}% (n={stats['n']})")
+            if q == "decode" and stats["p90"] > thresholds.limit(group, "decode_p90"):
+                failures.append(f"{group} decode: p90 {100 * stats['p90']:.1f}% > "
+                                f"{100 * thresholds.limit(group, 'decode_p90'):.1f}% (n={stats['n']})")
+    for f in memory_failures(dataset, predictions, thresholds):
+        failures.append(f"{f['group']} memory: run {f['id']} ({f['model']} {f['quant']} ctx {f['context']}) "
+                        f"predicted {f['predicted_mib']} MiB, measured {f['measured_mib']} MiB, "
+                        f"allowed ±{f['allowed_mib']} MiB")
+    if baseline:
+        tol = thresholds.tolerance["mape_increase"]
+        base_groups = baseline.get("groups") or {}
+        for group, by_q in metrics.items():
+            for q, stats in by_q.items():
+                before = ((base_groups.get(group) or {}).get(q) or {}).get("mape")
+                if before is None:
+                    continue
+                if stats["mape"] > before + tol:
+                    failures.append(f"{group} {q}: MAPE {100 * stats['mape']:.1f}% worse than baseline "
+                                    f"{100 * before:.1f}% by more than {100 * tol:.1f} points")
+        missing = sorted(set(base_groups) - set(metrics))
+        if missing:
+            notes.append(f"in the baseline but not measured now: {', '.join(missing)}")
+    return CheckResult(metrics, failures, notes)
+
+
+def load_baseline(path: str | Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise BenchcalError(f"baseline {p} is not valid JSON: {exc}") from None
+
+
+def baseline_document(result: CheckResult, coefficients_source: str, runs_dirs: list[str]) -> dict[str, Any]:
+    return {"schema": "benchcal.baseline/1",
+            "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "coefficients": coefficients_source, "runs_dirs": runs_dirs, "groups": result.metrics}
+
+
+def summary_lines(result: CheckResult) -> list[str]:
+    """One line per group: MAPE per quantity."""
+    lines = []
+    for group in sorted(result.metrics):
+        parts = []
+        for q in ("decode", "prefill", "ttft", "memory"):
+            stats = result.metrics[group].get(q)
+            if stats:
+                parts.append(f"{q} {100 * stats['mape']:.1f}% (p90 {100 * stats['p90']:.1f}%, n={stats['n']})")
+        lines.append(f"  {group}: " + "; ".join(parts))
+    return lines

@@ -1,0 +1,250 @@
+"""Fitting the analytical model's coefficients to observations: bounded, robust, relative least squares.
+
+Each quantity is linear in its coefficients (see :mod:`calibration.features`), so a fit is a
+non-negative (bounded) least-squares problem on relative errors: rows are divided by the measured
+value, so a 5% miss on a 10 ms step weighs as much as a 5% miss on a 100 ms step. Robustness: one
+refit after trimming points whose relative residual exceeds ``TRIM_MADS`` robust standard deviations
+(never more than ``MAX_TRIM_SHARE`` of the points). Bounds keep every coefficient physical
+(efficiencies in (0, 1] of a spec-sheet peak; fixed terms non-negative).
+
+Identifiability guard: a term is fitted only when the data can tell it apart from the others
+(enough points, a well-conditioned design); otherwise it is held at the parent scope's value
+(device -> family -> engine -> engine default) and reported as not identified. Prefill combines the
+bandwidth-bound and compute-bound branch per ubatch with ``max``, as ``throughput.prefill_seconds``
+does: the fit classifies each point with the current estimate and iterates until stable.
+
+Scikit-learn API: :class:`TermRegressor` is an estimator (``fit(X, y)`` / ``predict(X)``, parameters as
+plain attributes) over a :class:`calibration.features.Features` block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import lsq_linear
+from sklearn.base import BaseEstimator, RegressorMixin
+
+from calibration.features import Features, Term, combine
+
+MAX_CONDITION = 30.0  # column-normalized condition number above which a design is called degenerate
+TRIM_MADS = 4.0
+MIN_TRIM_REL = 0.10  # never trim points closer than 10% to the fit
+MAX_TRIM_SHARE = 0.2
+PREFILL_ITERATIONS = 12
+
+# Physical bounds of each coefficient's value: (lower, upper) for GPUs, and for the host CPU where the
+# reference figure is a measured copy bandwidth / BLAS FLOPS rather than a spec-sheet peak (a decode
+# that only reads can beat a copy; quantized int8 dot products can beat fp32 BLAS). Prefill may exceed
+# the catalogue's FP16 figure up to 2x: for GeForce parts that figure is the FP16 rate with FP32
+# accumulate, half the FP16-accumulate and int8 tensor rates llama.cpp's cuBLAS and MMQ kernels use.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "decode_fixed_ms": (0.0, 1000.0),
+    "decode_fixed_per_layer_us": (0.0, 10000.0),
+    "decode_bw_efficiency": (0.02, 1.0),
+    "host_bw_efficiency": (0.02, 2.0),
+    "prefill_fixed_ms": (0.0, 10000.0),
+    "prefill_compute_efficiency": (0.005, 2.0),
+    "prefill_attn_efficiency": (0.005, 1.0),
+    "runtime_fixed_gib": (0.0, 64.0),
+    "compute_buffer_scale": (0.0, 20.0),
+}
+CPU_UPPER = {"decode_bw_efficiency": 2.0, "prefill_compute_efficiency": 4.0, "prefill_attn_efficiency": 4.0}
+# When the design is degenerate, drop these first (kept last: the efficiencies, the physics).
+DROP_ORDER = ("decode_fixed_per_layer_us", "host_bw_efficiency", "prefill_attn_efficiency", "prefill_fixed_ms",
+              "decode_fixed_ms", "compute_buffer_scale", "runtime_fixed_gib", "prefill_compute_efficiency",
+              "decode_bw_efficiency")
+
+
+def weight_bounds(term: Term, cpu: bool) -> tuple[float, float]:
+    """Bounds of a term's linear weight from the bounds of its value."""
+    low, high = BOUNDS[term.name]
+    if cpu:
+        high = CPU_UPPER.get(term.name, high)
+    if term.inverse:
+        return 1.0 / high, 1.0 / low
+    return low, high
+
+
+def condition_number(a: np.ndarray) -> float:
+    """Condition number of ``a`` with unit-norm columns (inf for a zero or repeated column)."""
+    if a.shape[1] == 0:
+        return 1.0
+    norms = np.linalg.norm(a, axis=0)
+    if np.any(norms == 0):
+        return float("inf")
+    s = np.linalg.svd(a / norms, compute_uv=False)
+    return float(s[0] / s[-1]) if s[-1] > 0 else float("inf")
+
+
+@dataclass
+class LinearFit:
+    """Result of one fit: weights for every term, which were fitted, and how many points were used."""
+
+    weights: np.ndarray
+    fitted: np.ndarray
+    n_points: int
+    n_trimmed: int = 0
+    used: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+
+
+def _design(features: Features, rows: np.ndarray, weights: np.ndarray, free: np.ndarray,
+            compute_bound: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(A, known) such that prediction = known + A @ w_free for the rows (prefill: given the branch)."""
+    x = features.x[rows].copy()
+    if compute_bound is not None:
+        names = [t.name for t in features.terms]
+        bw, fl = names.index("decode_bw_efficiency"), names.index("prefill_compute_efficiency")
+        x[:, bw] = np.where(compute_bound, 0.0, x[:, bw])
+        x[:, fl] = np.where(compute_bound, x[:, fl], 0.0)
+    known = features.offset[rows] + x[:, ~free] @ weights[~free]
+    return x[:, free], known
+
+
+def _solve(a: np.ndarray, known: np.ndarray, y: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Bounded least squares on relative errors: minimize sum(((known + a w) / y - 1)^2)."""
+    if a.shape[1] == 0:
+        return np.zeros(0)
+    result = lsq_linear(a / y[:, None], (y - known) / y, bounds=(low, high), method="bvls")
+    return result.x
+
+
+NEGLIGIBLE_SHARE = 1e-6  # a term whose unit contribution is below this share of every target does not act
+
+
+def acting_terms(features: Features, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Which terms act on these rows (contribute more than rounding noise at unit weight)."""
+    share = np.abs(features.x[rows]) / np.abs(y)[:, None]
+    return np.any(share > NEGLIGIBLE_SHARE, axis=0)
+
+
+def _identifiable(features: Features, rows: np.ndarray, y: np.ndarray, candidates: list[int], min_points: int,
+                  max_condition: float) -> list[int]:
+    """The largest subset of ``candidates`` the rows can identify (drop in ``DROP_ORDER``)."""
+    names = [t.name for t in features.terms]
+    acting = acting_terms(features, rows, y)
+    keep = [j for j in candidates if acting[j]]
+    order = sorted(keep, key=lambda j: DROP_ORDER.index(names[j]) if names[j] in DROP_ORDER else 99)
+    while keep:
+        if len(np.unique(rows)) >= max(min_points, len(keep) + 1):
+            a = features.x[rows][:, keep]
+            if condition_number(a) <= max_condition:
+                return keep
+        keep = [j for j in keep if j != order[0]]
+        order = order[1:]
+    return []
+
+
+def fit_terms(features: Features, rows: np.ndarray, y: np.ndarray, parent_weights: np.ndarray,
+              *, cpu: bool = False, held: tuple[str, ...] = (), min_points: int = 3,
+              max_condition: float = MAX_CONDITION, trim: bool = True, fixed_set: list[int] | None = None) -> LinearFit:
+    """Fit the identifiable terms of ``features`` on ``rows`` (indices) against ``y`` (same length as rows).
+
+    ``parent_weights``: the weight of every term at the parent scope (used for held terms and as the
+    starting point). ``held``: names never fitted here. ``fixed_set``: fit exactly these term indices
+    (bootstrap refits reuse the set chosen on the full data).
+    """
+    names = [t.name for t in features.terms]
+    bounds = [weight_bounds(t, cpu) for t in features.terms]
+    weights = np.asarray(parent_weights, dtype=float).copy()
+    candidates = [j for j, name in enumerate(names) if name not in held]
+    chosen = (fixed_set if fixed_set is not None
+              else _identifiable(features, rows, y, candidates, min_points, max_condition))
+    free = np.zeros(len(names), bool)
+    free[chosen] = True
+    used = np.ones(len(rows), bool)
+    n_trimmed = 0
+    for attempt in range(2 if trim else 1):
+        sub, y_sub = rows[used], y[used]
+        weights = _fit_once(features, sub, y_sub, weights, free, bounds)
+        if attempt == 1 or not trim or len(sub) < 6:
+            break
+        rel = combine_rows(features, rows, weights) / y - 1.0
+        mad = np.median(np.abs(rel - np.median(rel))) * 1.4826
+        limit = max(TRIM_MADS * mad, MIN_TRIM_REL)
+        outliers = np.abs(rel) > limit
+        if not outliers.any() or outliers.sum() > MAX_TRIM_SHARE * len(rows):
+            break
+        used = ~outliers
+        n_trimmed = int(outliers.sum())
+    return LinearFit(weights, free, int(used.sum()), n_trimmed, used)
+
+
+def combine_rows(features: Features, rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Predicted quantity for ``rows`` with one weight vector for all of them."""
+    sub = Features(features.quantity, features.terms, features.offset[rows], features.x[rows], features.valid[rows])
+    return combine(sub, np.broadcast_to(weights, sub.x.shape))
+
+
+def _relax_fixed_bound(features: Features, rows: np.ndarray, start: np.ndarray, free: np.ndarray,
+                       bounds: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """With the per-layer term carried over (not fitted), let the fixed term go negative as long as the
+    total fixed time, fixed + per_layer * L, stays >= 0 at the layer counts of these rows."""
+    names = [t.name for t in features.terms]
+    if "decode_fixed_per_layer_us" not in names:
+        return bounds
+    fixed, per_layer = names.index("decode_fixed_ms"), names.index("decode_fixed_per_layer_us")
+    if not free[fixed] or free[per_layer] or start[per_layer] <= 0:
+        return bounds
+    # feature columns: fixed -> 1e-3 s per ms, per-layer -> 1e-6 * L s per us
+    layer_seconds = np.min(features.x[rows, per_layer]) * start[per_layer]
+    out = list(bounds)
+    out[fixed] = (-layer_seconds / 1e-3, bounds[fixed][1])
+    return out
+
+
+def _fit_once(features: Features, rows: np.ndarray, y: np.ndarray, start: np.ndarray, free: np.ndarray,
+              bounds: list[tuple[float, float]]) -> np.ndarray:
+    bounds = _relax_fixed_bound(features, rows, start, free, bounds)
+    low = np.array([b[0] for b, f in zip(bounds, free, strict=True) if f])
+    high = np.array([b[1] for b, f in zip(bounds, free, strict=True) if f])
+    weights = start.copy()
+    weights[free] = np.clip(weights[free], low, high)
+    if features.quantity != "prefill":
+        a, known = _design(features, rows, weights, free, None)
+        weights[free] = _solve(a, known, y, low, high)
+        return weights
+    names = [t.name for t in features.terms]
+    bw, fl = names.index("decode_bw_efficiency"), names.index("prefill_compute_efficiency")
+    previous = None
+    for _ in range(PREFILL_ITERATIONS):
+        compute_bound = weights[fl] * features.x[rows, fl] >= weights[bw] * features.x[rows, bw]
+        if previous is not None and np.array_equal(compute_bound, previous):
+            break
+        a, known = _design(features, rows, weights, free, compute_bound)
+        weights[free] = _solve(a, known, y, low, high)
+        previous = compute_bound
+    return weights
+
+
+class TermRegressor(BaseEstimator, RegressorMixin):
+    """Scikit-learn estimator over one :class:`Features` block (all rows, one coefficient set).
+
+    ``fit(X, y)``: X is a Features block, y the measured quantity (seconds or bytes) per row.
+    ``coef_`` holds the linear weights, ``values_`` the coefficient values, ``fitted_`` which terms
+    were identified. ``parent_weights`` default to the engine defaults passed by the caller.
+    """
+
+    def __init__(self, parent_weights=None, cpu: bool = False, held: tuple[str, ...] = (), min_points: int = 3,
+                 max_condition: float = MAX_CONDITION, trim: bool = True):
+        self.parent_weights = parent_weights
+        self.cpu = cpu
+        self.held = held
+        self.min_points = min_points
+        self.max_condition = max_condition
+        self.trim = trim
+
+    def fit(self, X: Features, y) -> TermRegressor:
+        y = np.asarray(y, dtype=float)
+        rows = np.flatnonzero(X.valid & np.isfinite(y) & (y > 0))
+        start = np.ones(len(X.terms)) if self.parent_weights is None else np.asarray(self.parent_weights, float)
+        result = fit_terms(X, rows, y[rows], start, cpu=self.cpu, held=tuple(self.held),
+                           min_points=self.min_points, max_condition=self.max_condition, trim=self.trim)
+        self.coef_ = result.weights
+        self.fitted_ = result.fitted
+        self.values_ = {t.name: float(t.value(w)) for t, w in zip(X.terms, result.weights, strict=True)}
+        self.n_points_ = result.n_points
+        return self
+
+    def predict(self, X: Features) -> np.ndarray:
+        return combine(X, np.broadcast_to(self.coef_, X.x.shape))

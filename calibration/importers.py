@@ -1,0 +1,295 @@
+"""Import results people already have: llama-bench (md, csv, json, jsonl) and vLLM's benchmark files.
+
+Each imported test becomes a run record (``harness.records.new_record`` / ``write_record``) with
+``provenance.source = "imported"``, the file's name and, when given, the URL it came from. Records
+calibrate like measured runs: a llama-bench ``pp`` row gives a prefill point, a ``tg`` row a decode
+point (its mean KV context is ``n_depth + n_gen / 2``); ``pp+tg`` rows mix both and are skipped.
+
+llama-bench fields (its README, "Output formats"): ``build_commit``, ``build_number``, ``gpu_info``,
+``backends``, ``model_type`` ("llama 8B Q4_K - Medium"), ``model_size`` (bytes), ``model_n_params``,
+``n_batch``, ``n_ubatch``, ``n_threads``, ``type_k``, ``type_v``, ``n_gpu_layers``, ``flash_attn``,
+``n_prompt``, ``n_gen``, ``n_depth``, ``avg_ts``, ``stddev_ts``, ``samples_ts``. The markdown table
+holds only the columns that differ from the defaults, sizes rounded to 0.01 GiB and "mean +- stddev";
+the build line ("build: 4426e298 (2824)") and CUDA's device line ("Device 0: NVIDIA GeForce RTX 4090,
+compute capability 8.9") are read from the same text when present.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from harness import records
+from predictor.devices import resolve_device
+from predictor.errors import BenchcalError
+from predictor.models import resolve_model
+from predictor.quants import resolve_quant
+
+# llama-bench's defaults for columns its markdown leaves out (tools/llama-bench/llama-bench.cpp,
+# ``cmd_params_defaults``): 5 repetitions, n_batch 2048, n_ubatch 512, f16 KV, 99 GPU layers, no flash attn.
+LLAMA_BENCH_DEFAULTS = {"n_batch": 2048, "n_ubatch": 512, "type_k": "f16", "type_v": "f16", "n_gpu_layers": 99,
+                        "flash_attn": False, "repetitions": 5}
+# llama.cpp's file-type names (``llama_model_ftype_name``) -> our quant ids.
+FTYPE_NAMES = {
+    "Q4_K - Medium": "Q4_K_M", "Q4_K - Small": "Q4_K_S", "Q5_K - Medium": "Q5_K_M", "Q5_K - Small": "Q5_K_S",
+    "Q3_K - Medium": "Q3_K_M", "Q3_K - Small": "Q3_K_S", "Q3_K - Large": "Q3_K_L", "Q2_K - Medium": "Q2_K",
+    "IQ4_XS - 4.25 bpw": "IQ4_XS", "IQ4_NL - 4.5 bpw": "IQ4_NL", "MXFP4 MoE": "MXFP4",
+}
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_TEST = re.compile(r"^(?:(pp|tg)\s*(\d+)|pp\s*(\d+)\s*\+\s*tg\s*(\d+))(?:\s*@\s*d\s*(\d+))?$")
+_BUILD = re.compile(r"build:\s*([0-9a-f]{6,40})\s*\((\d+)\)")
+_DEVICE = re.compile(r"Device \d+:\s*([^,\n]+?)\s*,\s*compute capability")
+_MEAN_STD = re.compile(r"^\s*([0-9.]+)\s*(?:±|\+-|\+/-)\s*([0-9.]+)\s*$")
+
+
+# ------------------------------------------------------------------------------------------- parsing
+
+
+def _md_rows(text: str) -> list[dict[str, str]]:
+    """Rows of every llama-bench markdown table in ``text`` as {column: cell}."""
+    rows: list[dict[str, str]] = []
+    header: list[str] | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in stripped.strip("|").split("|")]
+        if header is None:
+            header = cells if "test" in cells and "model" in cells else None
+            continue
+        if all(set(c) <= set("-: ") for c in cells):
+            continue
+        if len(cells) == len(header):
+            rows.append(dict(zip(header, cells, strict=True)))
+    return rows
+
+
+def _size_bytes(text: str) -> int | None:
+    match = re.match(r"^\s*([0-9.]+)\s*(B|KiB|MiB|GiB|TiB)\s*$", text or "")
+    return int(round(float(match.group(1)) * _UNITS[match.group(2)])) if match else None
+
+
+def _parse_test(name: str) -> tuple[int, int, int] | None:
+    """(n_prompt, n_gen, n_depth) of a test name: "pp 512", "tg128", "pp512+tg128", "pp512 @ d512"."""
+    match = _TEST.match(name.strip())
+    if not match:
+        return None
+    kind, n, pp, tg, depth = match.groups()
+    d = int(depth or 0)
+    if kind == "pp":
+        return int(n), 0, d
+    if kind == "tg":
+        return 0, int(n), d
+    return int(pp), int(tg), d
+
+
+def _md_to_fields(row: dict[str, str], text: str) -> dict[str, Any] | None:
+    """One markdown row in llama-bench's json field names (None for rows that are not a test)."""
+    test = _parse_test(row.get("test", ""))
+    rate = _MEAN_STD.match(row.get("t/s", ""))
+    if test is None or rate is None:
+        return None
+    build = _BUILD.search(text)
+    devices = _DEVICE.findall(text)
+    fields: dict[str, Any] = {
+        "model_type": row.get("model"),
+        "model_size": _size_bytes(row.get("size", "")),
+        "backends": row.get("backend"),
+        "n_prompt": test[0], "n_gen": test[1], "n_depth": test[2],
+        "avg_ts": float(rate.group(1)), "stddev_ts": float(rate.group(2)),
+        "build_commit": build.group(1) if build else None,
+        "build_number": int(build.group(2)) if build else None,
+        "gpu_info": ", ".join(devices) if devices else None,
+        "n_devices": len(devices) or None,
+    }
+    for column, key, cast in (("ngl", "n_gpu_layers", int), ("n_batch", "n_batch", int), ("n_ubatch", "n_ubatch", int),
+                              ("threads", "n_threads", int), ("type_k", "type_k", str), ("type_v", "type_v", str),
+                              ("fa", "flash_attn", lambda v: v not in ("0", "off", "false"))):
+        if row.get(column) not in (None, ""):
+            fields[key] = cast(row[column])
+    return fields
+
+
+def detect_format(path: Path, text: str) -> str:
+    """md, csv, json or jsonl, from the extension, else from the content."""
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix in ("md", "csv", "json", "jsonl"):
+        return suffix
+    head = text.lstrip()[:1]
+    if head == "[":
+        return "json"
+    if head == "{":
+        return "jsonl" if len([ln for ln in text.splitlines() if ln.strip()]) > 1 else "json"
+    if head == "|" or "| model" in text:
+        return "md"
+    return "csv"
+
+
+def parse_llama_bench(text: str, fmt: str) -> list[dict[str, Any]]:
+    """llama-bench output -> list of rows in its json field names."""
+    try:
+        if fmt == "md":
+            rows = [_md_to_fields(r, text) for r in _md_rows(text)]
+            return [r for r in rows if r is not None]
+        if fmt == "json":
+            data = json.loads(text)
+            return list(data) if isinstance(data, list) else [data]
+        if fmt == "jsonl":
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return [dict(r) for r in csv.DictReader(io.StringIO(text))]
+    except (json.JSONDecodeError, csv.Error) as exc:
+        raise BenchcalError(f"not valid llama-bench {fmt} output: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------------- mapping
+
+
+def quant_from_model_type(model_type: str) -> str:
+    """Our quant id from llama-bench's ``model_type`` ("llama 8B Q4_K - Medium" -> Q4_K_M)."""
+    text = re.sub(r"\bmostly\s+", "", str(model_type or ""))
+    for name, quant in FTYPE_NAMES.items():
+        if text.endswith(name):
+            return quant
+    last = text.split()[-1] if text.split() else ""
+    try:
+        return resolve_quant(last, "llama.cpp").id
+    except BenchcalError:
+        raise BenchcalError(f"cannot tell the quant of model_type {model_type!r}") from None
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() not in ("0", "false", "off", "", "-1")
+    return bool(value) and value != -1
+
+
+def _int(value: Any, default: int | None = None) -> int | None:
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return default
+
+
+def _summary(row: dict[str, Any], repetitions: int) -> dict[str, Any]:
+    """Summary of llama-bench's t/s: from its samples when present, else its mean and stddev."""
+    samples = row.get("samples_ts")
+    if isinstance(samples, list) and samples:
+        return records.summarize(float(s) for s in samples)
+    mean = float(row["avg_ts"])
+    std = row.get("stddev_ts")
+    return {"samples": [], "median": mean, "mean": mean, "stddev": float(std) if std not in (None, "") else None,
+            "p10": None, "p90": None, "n": int(repetitions),
+            "statistic": "llama-bench reports the mean and stddev only; median is the mean"}
+
+
+def llama_bench_record(row: dict[str, Any], *, model: str, device: str, file_name: str, file_format: str,
+                       source_url: str | None, import_key: str, gpu_count: int | None = None,
+                       exclude: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """A run record for one llama-bench row; None for pp+tg rows."""
+    n_prompt, n_gen, n_depth = (_int(row.get(k), 0) for k in ("n_prompt", "n_gen", "n_depth"))
+    if (n_prompt and n_gen) or not (n_prompt or n_gen):
+        return None
+    quant = quant_from_model_type(str(row.get("model_type")))
+    reps = _int(row.get("repetitions")) or LLAMA_BENCH_DEFAULTS["repetitions"]
+    ngl = _int(row.get("n_gpu_layers"), LLAMA_BENCH_DEFAULTS["n_gpu_layers"])
+    options = {
+        "n_gpu_layers": ngl,
+        "flash_attn": _bool(row.get("flash_attn", LLAMA_BENCH_DEFAULTS["flash_attn"])),
+        "n_batch": _int(row.get("n_batch"), LLAMA_BENCH_DEFAULTS["n_batch"]),
+        "n_ubatch": _int(row.get("n_ubatch"), LLAMA_BENCH_DEFAULTS["n_ubatch"]),
+    }
+    if row.get("n_threads") not in (None, ""):
+        options["threads"] = _int(row["n_threads"])
+    config = {
+        "model": model, "quant": quant, "engine": "llama.cpp", "device": device, "weights": "imported",
+        "device_count": int(gpu_count or row.get("n_devices") or 1),
+        "context": n_prompt + n_gen + n_depth, "batch": 1,
+        "kv_dtype": str(row.get("type_k") or LLAMA_BENCH_DEFAULTS["type_k"]).lower(),
+        "prompt_tokens": [n_prompt] if n_prompt else [], "gen_tokens": n_gen, "reps": reps, "warmup": 1,
+        "engine_options": options,
+    }
+    summary = _summary(row, reps)
+    if n_prompt:
+        measurements = {"prefill": [{"prompt_tokens": n_prompt, "context_at_start": n_depth, "prefill_tok_s": summary}]}
+    else:
+        measurements = {"decode": {"gen_tokens": n_gen, "context_at_start": n_depth, "decode_tok_s": summary}}
+    commit, number = row.get("build_commit"), row.get("build_number")
+    provenance = {
+        "source": "imported", "imported_from": file_name, "import_format": f"llama-bench {file_format}",
+        "source_url": source_url, "import_key": import_key,
+        "engine_version": f"llama.cpp build {number} ({commit})" if commit else None, "engine_commit": commit,
+        "device_name": row.get("gpu_info") or None, "backends": row.get("backends"), "cpu_model": row.get("cpu_info"),
+        "model_type": row.get("model_type"), "model_filename": row.get("model_filename"),
+        "weights_bytes": _int(row.get("model_size")), "model_n_params": _int(row.get("model_n_params")),
+        "started_at": row.get("test_time"),
+    }
+    kind = "prefill" if n_prompt else "decode"
+    if exclude and exclude.get(kind):
+        provenance["excluded_from_fit"] = {kind: exclude[kind]}
+    if file_format == "md":
+        provenance["weights_bytes_note"] = "llama-bench markdown rounds the size to 0.01 GiB"
+    return records.new_record(config, measurements=measurements, provenance=provenance,
+                              prediction_reason="imported result; benchcal report recomputes predictions")
+
+
+def _device_id(gpu: str | None, rows: list[dict[str, Any]]) -> str:
+    """The catalogue id of the GPU: the --gpu flag, else the file's gpu_info / CUDA device line."""
+    names = {str(r.get("gpu_info")).split(",")[0].strip() for r in rows if r.get("gpu_info")}
+    name = gpu or (names.pop() if len(names) == 1 else None)
+    if not name:
+        found = ", ".join(sorted(names)) or "none"
+        raise BenchcalError(f"cannot tell the GPU from the file (found: {found}); pass --gpu")
+    if name.strip().lower() == "cpu":
+        return "cpu"
+    return resolve_device(name).id
+
+
+def existing_import_keys(runs_dir: str | Path) -> set[str]:
+    """Import keys already stored, so importing a file twice adds nothing."""
+    keys = set()
+    for stored in records.iter_records(runs_dir, on_error=lambda path, message: None):
+        key = (stored.record.get("provenance") or {}).get("import_key")
+        if key:
+            keys.add(key)
+    return keys
+
+
+def import_llama_bench(path: str | Path, *, model: str, runs_dir: str | Path, gpu: str | None = None,
+                       source_url: str | None = None, gpu_count: int | None = None,
+                       exclude: dict[str, str] | None = None) -> tuple[list[Path], list[str]]:
+    """Import one llama-bench output file; returns (paths written, messages about skipped rows).
+
+    ``exclude`` maps "prefill" / "decode" to a reason: those rows are stored with
+    ``provenance.excluded_from_fit`` and calibration reports them without fitting or scoring them.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise BenchcalError(f"file not found: {file}")
+    text = file.read_text(encoding="utf-8", errors="replace")
+    fmt = detect_format(file, text)
+    rows = parse_llama_bench(text, fmt)
+    if not rows:
+        raise BenchcalError(f"{file}: no llama-bench results found (expected {fmt} output of llama-bench)")
+    model_id = resolve_model(model).id
+    device = _device_id(gpu, rows)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    seen = existing_import_keys(runs_dir)
+    written, messages = [], []
+    for i, row in enumerate(rows):
+        key = f"{digest}:{i}"
+        if key in seen:
+            messages.append(f"row {i + 1}: already imported")
+            continue
+        record = llama_bench_record(row, model=model_id, device=device, file_name=file.name, file_format=fmt,
+                                    source_url=source_url, import_key=key, gpu_count=gpu_count, exclude=exclude)
+        if record is None:
+            messages.append(f"row {i + 1}: pp+tg test mixes prefill and decode; skipped")
+            continue
+        written.append(records.write_record(records.sanitize_record(record), runs_dir))
+    return written, messages

@@ -1,0 +1,247 @@
+"""Stored run records as the three observation tables calibration fits: decode, prefill and memory.
+
+Every table holds one row per observation with what the predictor needs to rebuild the exact
+configuration (model and architecture overrides, quant, device, context, engine options) and the
+measured value with its unit in the column name:
+
+- decode: one row per run with a decode measurement; ``decode_step_s`` (seconds per token at batch 1,
+  per step for a batch) and ``decode_context`` (mean tokens in the KV cache during the measurement);
+- prefill: one row per (run, prompt length); ``prefill_s`` (seconds for the prompt) and ``ttft_s``;
+- memory: one row per run with a sampled peak; ``peak_memory_bytes``.
+
+The records are read with :func:`harness.records.iter_records` (the run-record contract); failed runs
+are kept in the ``runs`` table with their status so reports can list them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness import records
+from predictor.errors import BenchcalError
+
+DEFAULT_DECODE_PROMPT_TOKENS = 16  # the harness's decode prompt when a run has no prompt lengths
+
+RUN_COLUMNS = (
+    "id", "status", "reason", "source", "model", "arch_overrides", "model_key", "quant", "engine", "device",
+    "device_count", "context", "batch", "kv_dtype", "n_gpu_layers", "flash_attn", "n_ubatch",
+    "offload_fraction", "weights_bytes", "host_bandwidth_gbs", "host_fp32_gflops", "host_memory_gib",
+    "engine_version", "prediction_error", "pred_verdict", "excluded_from_fit", "path",
+)
+
+DECODE_COLUMNS = ("decode_tok_s", "decode_step_s", "decode_context", "gen_tokens", "rel_std", "exclude_reason")
+PREFILL_COLUMNS = ("prompt_tokens", "prefill_tok_s", "prefill_s", "ttft_s", "rel_std", "exclude_reason")
+MEMORY_COLUMNS = ("peak_memory_bytes", "peak_source", "engine_weights_bytes", "engine_kv_bytes", "engine_compute_bytes",
+                  "exclude_reason")
+
+
+@dataclass
+class Observations:
+    """The runs table and the three observation tables made from it (pandas DataFrames)."""
+
+    runs: pd.DataFrame
+    decode: pd.DataFrame
+    prefill: pd.DataFrame
+    memory: pd.DataFrame
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+
+def _summary_value(summary: Any) -> float | None:
+    """The median of a stored summary, else its mean (llama-bench markdown keeps only mean +- stddev)."""
+    if not isinstance(summary, dict):
+        return None
+    for key in ("median", "mean"):
+        value = summary.get(key)
+        if isinstance(value, (int, float)) and value > 0:
+            return float(value)
+    return None
+
+
+def _relative_stddev(summary: Any) -> float | None:
+    """Relative spread of the repetitions: 1.4826 x MAD / median from the samples when there are at least
+    three (robust to one disturbed repetition), else stddev / mean (llama-bench keeps only those)."""
+    if not isinstance(summary, dict):
+        return None
+    samples = [float(x) for x in summary.get("samples") or [] if isinstance(x, (int, float))]
+    if len(samples) >= 3:
+        median = statistics.median(samples)
+        if median > 0:
+            return 1.4826 * statistics.median(abs(x - median) for x in samples) / median
+    mean, std = summary.get("mean"), summary.get("stddev")
+    if isinstance(mean, (int, float)) and mean > 0 and isinstance(std, (int, float)):
+        return float(std) / float(mean)
+    return None
+
+
+def model_key(model: str, overrides: dict[str, Any] | None) -> str:
+    """A model's identity for cross-validation: its id, plus the overrides of a shrunk architecture."""
+    if not overrides:
+        return str(model)
+    parts = ",".join(f"{k}={overrides[k]}" for k in sorted(overrides))
+    return f"{model}[{parts}]"
+
+
+def _offload_fraction(config: dict[str, Any]) -> float:
+    """Share of layers on the host: the config's own figure (set by the harness when it planned it)."""
+    return float(config.get("offload_fraction") or 0.0)
+
+
+def run_row(path: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """The configuration of one run, flat (see ``RUN_COLUMNS``)."""
+    config = record.get("config") or {}
+    options = config.get("engine_options") or {}
+    prov = record.get("provenance") or {}
+    overrides = dict(config.get("arch_overrides") or {})
+    host_memory = prov.get("host_memory_bytes")
+    prediction = record.get("prediction") or {}
+    return {
+        "id": record.get("id"),
+        "status": record.get("status"),
+        "reason": record.get("reason"),
+        "source": prov.get("source"),
+        "model": config.get("model"),
+        "arch_overrides": json.dumps(overrides, sort_keys=True) if overrides else "",
+        "model_key": model_key(str(config.get("model")), overrides),
+        "quant": config.get("quant"),
+        "engine": config.get("engine"),
+        "device": config.get("device"),
+        "device_count": int(config.get("device_count") or 1),
+        "context": int(config.get("context") or 0),
+        "batch": int(config.get("batch") or 1),
+        "kv_dtype": config.get("kv_dtype") or "f16",
+        "n_gpu_layers": options.get("n_gpu_layers"),
+        "flash_attn": bool(options.get("flash_attn", False)),
+        "n_ubatch": int(options.get("n_ubatch") or 512),
+        "offload_fraction": _offload_fraction(config),
+        "weights_bytes": prov.get("weights_bytes") or prov.get("model_size_bytes"),
+        "host_bandwidth_gbs": prov.get("host_bandwidth_gbs"),
+        "host_fp32_gflops": prov.get("host_fp32_gflops"),
+        "host_memory_gib": host_memory / 2**30 if isinstance(host_memory, (int, float)) else None,
+        "engine_version": prov.get("engine_version"),
+        "prediction_error": (record.get("prediction_error") or {}).get("kind")
+        if isinstance(record.get("prediction_error"), dict) else None,
+        "pred_verdict": (prediction.get("fit") or {}).get("verdict") if isinstance(prediction, dict) else None,
+        "excluded_from_fit": json.dumps(prov["excluded_from_fit"]) if prov.get("excluded_from_fit") else "",
+        "path": str(path),
+    }
+
+
+def exclude_reason(base: dict[str, Any], quantity: str) -> str | None:
+    """Why a run's ``quantity`` is left out of fits and scores (``provenance.excluded_from_fit``), or None."""
+    excluded = json.loads(base["excluded_from_fit"]) if base.get("excluded_from_fit") else {}
+    return excluded.get(quantity)
+
+
+def decode_row(base: dict[str, Any], record: dict[str, Any]) -> dict[str, Any] | None:
+    """The decode observation of one run, or None: seconds per step and the mean context during it."""
+    decode = (record.get("measurements") or {}).get("decode") or {}
+    rate = _summary_value(decode.get("decode_tok_s"))
+    if rate is None:
+        return None
+    config = record.get("config") or {}
+    start = decode.get("context_at_start")
+    if start is None:
+        start = min(config.get("prompt_tokens") or [DEFAULT_DECODE_PROMPT_TOKENS])
+    gen = int(decode.get("gen_tokens") or config.get("gen_tokens") or 0)
+    row = dict(base)
+    row.update({
+        "decode_tok_s": rate,
+        "decode_step_s": 1.0 / rate,
+        "decode_context": float(start) + gen / 2.0,
+        "gen_tokens": gen,
+        "rel_std": _relative_stddev(decode.get("decode_tok_s")),
+        "exclude_reason": exclude_reason(base, "decode"),
+    })
+    return row
+
+
+def prefill_rows(base: dict[str, Any], record: dict[str, Any]) -> list[dict[str, Any]]:
+    """One observation per measured prompt length: prefill seconds and TTFT seconds (None if unknown)."""
+    rows = []
+    for point in (record.get("measurements") or {}).get("prefill") or []:
+        if not isinstance(point, dict) or not point.get("prompt_tokens"):
+            continue
+        n = int(point["prompt_tokens"])
+        rate = _summary_value(point.get("prefill_tok_s"))
+        ttft_ms = _summary_value(point.get("ttft_ms"))
+        if rate is None and ttft_ms is None:
+            continue
+        row = dict(base)
+        row.update({
+            "prompt_tokens": n,
+            "prefill_tok_s": rate,
+            "prefill_s": n / rate if rate else None,
+            "ttft_s": ttft_ms / 1000.0 if ttft_ms else None,
+            "rel_std": _relative_stddev(point.get("prefill_tok_s") or point.get("ttft_ms")),
+            "exclude_reason": exclude_reason(base, "prefill"),
+        })
+        rows.append(row)
+    return rows
+
+
+def memory_row(base: dict[str, Any], record: dict[str, Any]) -> dict[str, Any] | None:
+    """The sampled peak memory of one run (bytes), with the engine's own breakdown when logged."""
+    memory = record.get("memory") or {}
+    peak = memory.get("peak_bytes")
+    if not isinstance(peak, (int, float)) or peak <= 0:
+        return None
+    breakdown = memory.get("engine_breakdown") or {}
+    row = dict(base)
+    row.update({
+        "peak_memory_bytes": float(peak),
+        "peak_source": memory.get("peak_source"),
+        "engine_weights_bytes": breakdown.get("weights_bytes"),
+        "engine_kv_bytes": breakdown.get("kv_bytes"),
+        "engine_compute_bytes": breakdown.get("compute_bytes"),
+        "exclude_reason": exclude_reason(base, "memory"),
+    })
+    return row
+
+
+def _as_dirs(runs_dirs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | None) -> list[Path]:
+    if runs_dirs is None:
+        return [records.runs_dir(None)]
+    if isinstance(runs_dirs, (str, os.PathLike)):
+        return [Path(runs_dirs)]
+    return [Path(d) for d in runs_dirs]
+
+
+def load_observations(runs_dirs: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | None = None,
+                      *, require: bool = True) -> Observations:
+    """Read every record under ``runs_dirs`` (one or several directories) into :class:`Observations`.
+
+    Only runs with status ``ok`` give observations; every run is in ``runs``. ``require``: raise
+    BenchcalError when a directory does not exist.
+    """
+    runs, decode, prefill, memory = [], [], [], []
+    for root in _as_dirs(runs_dirs):
+        if require and not root.is_dir():
+            raise BenchcalError(f"runs directory not found: {root}")
+        for stored in records.iter_records(root):
+            base = run_row(stored.path, stored.record)
+            runs.append(base)
+            if stored.record.get("status") != "ok":
+                continue
+            row = decode_row(base, stored.record)
+            if row is not None:
+                decode.append(row)
+            prefill.extend(prefill_rows(base, stored.record))
+            row = memory_row(base, stored.record)
+            if row is not None:
+                memory.append(row)
+    return Observations(
+        runs=pd.DataFrame(runs, columns=list(RUN_COLUMNS)),
+        decode=pd.DataFrame(decode, columns=list(RUN_COLUMNS + DECODE_COLUMNS)),
+        prefill=pd.DataFrame(prefill, columns=list(RUN_COLUMNS + PREFILL_COLUMNS)),
+        memory=pd.DataFrame(memory, columns=list(RUN_COLUMNS + MEMORY_COLUMNS)),
+    )

@@ -1,0 +1,161 @@
+"""Write a fitted coefficient table: ``coefficients.json`` (what ``predict --coefficients`` reads),
+``coefficients.csv`` (one row per scope and coefficient) and ``coefficients.md`` (for people).
+
+The JSON follows ``predictor.coefficients``: ``engines -> default / families / devices -> NAME ->
+{value, uncertainty, ...}`` plus ``error_band`` per scope; ``cross_validation`` holds the summary metrics.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from predictor.coefficients import COEFFICIENT_NAMES, ENGINE_DEFAULTS
+
+CSV_COLUMNS = ("engine", "scope", "name", "coefficient", "value", "uncertainty", "identified", "quantity", "n_runs",
+               "n_points", "devices", "models", "engine_versions", "cv", "cv_mape", "note")
+UNITS = {
+    "decode_fixed_ms": "ms", "decode_fixed_per_layer_us": "us/layer", "decode_bw_efficiency": "of peak BW",
+    "host_bw_efficiency": "of host BW", "prefill_fixed_ms": "ms", "prefill_compute_efficiency": "of peak FLOPS",
+    "prefill_attn_efficiency": "of peak FLOPS", "runtime_fixed_gib": "GiB", "compute_buffer_scale": "x analytical",
+}
+
+
+def scopes(table: dict[str, Any]):
+    """Yield (engine, scope kind, scope name, entry) for every scope of the table."""
+    for engine, eng in (table.get("engines") or {}).items():
+        if eng.get("default"):
+            yield engine, "engine", "default", eng["default"]
+        for kind, key in (("family", "families"), ("device", "devices")):
+            for name, entry in sorted((eng.get(key) or {}).items()):
+                yield engine, kind, name, entry
+
+
+def coefficient_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per (scope, coefficient)."""
+    rows = []
+    for engine, kind, name, entry in scopes(table):
+        for coeff in COEFFICIENT_NAMES:
+            item = entry.get(coeff)
+            if not isinstance(item, dict):
+                continue
+            rows.append({
+                "engine": engine, "scope": kind, "name": name, "coefficient": coeff,
+                "value": item.get("value"), "uncertainty": item.get("uncertainty"),
+                "identified": item.get("identified"), "quantity": item.get("quantity"),
+                "n_runs": item.get("n_runs"), "n_points": item.get("n_points"),
+                "devices": ";".join(item.get("devices") or []), "models": ";".join(item.get("models") or []),
+                "engine_versions": ";".join(item.get("engine_versions") or []),
+                "cv": item.get("cv"), "cv_mape": item.get("cv_mape"), "note": item.get("note", ""),
+            })
+    return rows
+
+
+def to_csv(table: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(coefficient_rows(table))
+    return buf.getvalue()
+
+
+def _pct(x: Any) -> str:
+    return "—" if x is None else f"{100 * float(x):.1f}%"
+
+
+def _num(x: Any) -> str:
+    if x is None:
+        return "—"
+    x = float(x)
+    return f"{x:.4g}"
+
+
+def _metrics_table(metrics: dict[str, Any]) -> list[str]:
+    lines = ["| validation | decode MAPE / p90 | prefill MAPE / p90 | TTFT MAPE / p90 | memory MAPE / p90 |",
+             "|---|---|---|---|---|"]
+    labels = {"in_sample": "in-sample", "lomo": "leave one model out", "lodo": "leave one device out"}
+    for key in ("in_sample", "lomo", "lodo"):
+        block = metrics.get(key) or {}
+        groups = [("all runs", block.get("overall") or {})]
+        kinds = block.get("kinds") or {}
+        if len(kinds) > 1:
+            groups += [(f"{kind} devices", kinds[kind]) for kind in sorted(kinds)]
+        for label, by_q in groups:
+            cells = []
+            for q in ("decode", "prefill", "ttft", "memory"):
+                m = by_q.get(q) or {}
+                cells.append(f"{_pct(m.get('mape'))} / {_pct(m.get('p90'))} (n={m.get('n', 0)})" if m.get("n") else "—")
+            lines.append(f"| {labels[key]}, {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def to_markdown(table: dict[str, Any], runs_dirs: list[str] | None = None) -> str:
+    """The table for people: validation summary, then each scope's coefficients with their provenance."""
+    out = ["# benchcal coefficient table", "",
+           f"Fitted by `{table.get('source', 'benchcal calibrate')}` at {table.get('created_at', '?')}"
+           + (f" from {', '.join(runs_dirs)}" if runs_dirs else "") + ".",
+           "Values replace the engine defaults in `predictor/coefficients.py` per device where it was measured, "
+           "else per device family (memory type / architecture), else per engine. Uncertainty is 1 sigma from a "
+           "bootstrap over runs; `cv MAPE` is the cross-validated error of the quantity the coefficient "
+           "predicts (LOMO for a device, LODO for a family or engine scope). Coefficients marked *held* could not "
+           "be identified from the scope's runs and carry the parent scope's value.", "",
+           "## Validation", ""]
+    out += _metrics_table(table.get("cross_validation") or {})
+    for engine, kind, name, entry in scopes(table):
+        band = entry.get("error_band") or {}
+        out += ["", f"## {engine} — {kind} `{name}`", ""]
+        if band:
+            out.append("Error band (p90): " + ", ".join(f"{q} ±{_pct(v)}" for q, v in band.items()) + ".")
+            out.append("")
+        out += ["| coefficient | value | ± | unit | fitted | runs | points | devices | models | engine versions "
+                "| cv MAPE |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for coeff in COEFFICIENT_NAMES:
+            item = entry.get(coeff)
+            if not isinstance(item, dict):
+                continue
+            devices = item.get("devices") or []
+            shown_devices = ", ".join(devices[:4]) + (f" +{len(devices) - 4}" if len(devices) > 4 else "")
+            versions = item.get("engine_versions") or []
+            shown_versions = ", ".join(versions) if len(versions) <= 2 else (
+                f"{len(versions)} versions: {versions[0]} … {versions[-1]}")
+            out.append(
+                f"| {coeff} | {_num(item.get('value'))} | {_num(item.get('uncertainty'))} | {UNITS.get(coeff, '')} "
+                f"| {'yes' if item.get('identified') else 'held'} | {item.get('n_runs', '—')} "
+                f"| {item.get('n_points', '—')} | {shown_devices} | {', '.join(item.get('models') or [])} "
+                f"| {shown_versions} | {_pct(item.get('cv_mape'))} |")
+        notes = [(coeff, entry[coeff]["note"]) for coeff in COEFFICIENT_NAMES
+                 if isinstance(entry.get(coeff), dict) and entry[coeff].get("note")]
+        if notes:
+            out.append("")
+            out += [f"- `{coeff}`: {note}" for coeff, note in notes]
+    out += ["", "## Engine defaults (used where nothing was fitted)", "",
+            "| engine | coefficient | value | source |", "|---|---|---|---|"]
+    for engine, defaults in ENGINE_DEFAULTS.items():
+        for coeff, (value, source) in defaults.items():
+            out.append(f"| {engine} | {coeff} | {value:g} | {source} |")
+    return "\n".join(out) + "\n"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def write_table(table: dict[str, Any], out_dir: str | os.PathLike[str],
+                runs_dirs: list[str] | None = None) -> list[Path]:
+    """Write coefficients.json, .csv and .md into ``out_dir``; returns the paths."""
+    folder = Path(out_dir)
+    paths = [folder / "coefficients.json", folder / "coefficients.csv", folder / "coefficients.md"]
+    _atomic_write(paths[0], json.dumps(table, indent=1, sort_keys=False, allow_nan=False) + "\n")
+    _atomic_write(paths[1], to_csv(table))
+    _atomic_write(paths[2], to_markdown(table, runs_dirs))
+    return paths

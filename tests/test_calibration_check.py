@@ -1,0 +1,95 @@
+"""`benchcal check`: exit 0 within thresholds and baseline, exit 1 on a regression, printing the rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_calibration_fit import write_formula_fixture
+
+from benchcal.cli import main
+from calibration.check import load_thresholds
+from calibration.dataset import load_dataset
+from calibration.output import write_table
+from calibration.table import fit_table
+from predictor.errors import BenchcalError
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """Formula-generated fixture runs (see test_calibration_fit) and a table fitted to them."""
+    root = tmp_path_factory.mktemp("check")
+    runs = write_formula_fixture(root / "fixture")
+    table = fit_table(load_dataset(runs))
+    write_table(table, root / "good")
+    worse = json.loads(json.dumps(table))
+    for entry in worse["engines"]["llama.cpp"]["devices"].values():
+        entry["decode_bw_efficiency"]["value"] *= 0.6  # 40% lower bandwidth efficiency: decode far off
+    write_table(worse, root / "bad")
+    slightly = json.loads(json.dumps(table))
+    for entry in slightly["engines"]["llama.cpp"]["devices"].values():
+        entry["decode_bw_efficiency"]["value"] *= 0.93
+    write_table(slightly, root / "slightly")
+    thresholds = root / "accuracy.toml"
+    thresholds.write_text("[thresholds]\ndecode_mape = 0.10\ndecode_p90 = 0.20\nprefill_mape = 0.15\n"
+                          "ttft_mape = 0.15\nmemory_rel = 0.03\nmemory_abs_mib = 256\n"
+                          "[tolerance]\nmape_increase = 0.02\n")
+    return root, runs, thresholds
+
+
+def _check(root, runs, thresholds, table: str, *extra: str) -> int:
+    return main(["check", "--runs-dir", str(runs), "--coefficients", str(root / table / "coefficients.json"),
+                 "--thresholds", str(thresholds), *extra])
+
+
+def test_check_passes_with_the_fitted_table(calibrated, capsys):
+    root, runs, thresholds = calibrated
+    assert _check(root, runs, thresholds, "good", "--baseline", "none") == 0
+    out = capsys.readouterr().out
+    assert "ok: every error within its threshold" in out
+    assert "llama.cpp/rtx-4090: decode 0.0%" in out
+
+
+def test_check_fails_when_an_error_exceeds_its_threshold(calibrated, capsys):
+    root, runs, thresholds = calibrated
+    assert _check(root, runs, thresholds, "bad", "--baseline", "none") == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out
+    assert "llama.cpp/rtx-4090 decode: MAPE" in out and "> 10.0%" in out
+
+
+def test_check_fails_when_worse_than_the_baseline(calibrated, capsys):
+    root, runs, thresholds = calibrated
+    baseline = root / "baseline.json"
+    assert _check(root, runs, thresholds, "good", "--baseline", str(baseline), "--write-baseline") == 0
+    assert json.loads(baseline.read_text())["groups"]["llama.cpp/rtx-4090"]["decode"]["mape"] == 0.0
+    capsys.readouterr()
+    assert _check(root, runs, thresholds, "slightly", "--baseline", str(baseline)) == 1
+    out = capsys.readouterr().out
+    assert "worse than baseline" in out
+    assert _check(root, runs, thresholds, "good", "--baseline", str(baseline)) == 0
+
+
+def test_per_group_overrides_apply(calibrated, tmp_path):
+    root, runs, thresholds = calibrated
+    loose = tmp_path / "loose.toml"
+    loose.write_text(thresholds.read_text() + '[overrides."llama.cpp/rtx-4090"]\ndecode_mape = 0.9\ndecode_p90 = 0.9\n'
+                     '[overrides."llama.cpp/a100-sxm-80gb"]\ndecode_mape = 0.9\ndecode_p90 = 0.9\n')
+    assert load_thresholds(loose).limit("llama.cpp/rtx-4090", "decode_mape") == 0.9
+    assert _check(root, runs, loose, "bad", "--baseline", "none") == 0
+
+
+def test_thresholds_file_errors_are_user_errors(tmp_path):
+    with pytest.raises(BenchcalError, match="not found"):
+        load_thresholds(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[overrides."llama.cpp/cpu"]\ndecode_speed = 1\n')
+    with pytest.raises(BenchcalError, match="unknown metric"):
+        load_thresholds(bad)
+
+
+def test_committed_thresholds_file_loads():
+    thresholds = load_thresholds(Path(__file__).resolve().parents[1] / "calibration" / "accuracy.toml")
+    assert thresholds.limits["decode_mape"] == 0.10
+    assert thresholds.limits["memory_abs_mib"] == 256

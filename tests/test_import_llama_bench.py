@@ -1,0 +1,127 @@
+"""llama-bench importer on real public llama-bench output (tests/data/imported, sources in its README)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from calibration.importers import (
+    detect_format,
+    import_llama_bench,
+    parse_llama_bench,
+    quant_from_model_type,
+)
+from calibration.observations import load_observations
+from calibration.public_data import load_manifest
+from harness import records
+from predictor.errors import BenchcalError
+
+DATA = Path(__file__).parent / "data" / "imported"
+XD = DATA / "llama3-gpu-benchmarks"
+README = DATA / "llama-bench-readme"
+
+
+def _load(path: Path) -> list[dict]:
+    text = path.read_text()
+    return parse_llama_bench(text, detect_format(path, text))
+
+
+def test_markdown_table_rows_become_llama_bench_fields():
+    rows = _load(XD / "4090_v3-8b-q4_k_m-cell11.md")
+    assert len(rows) == 8
+    first, tg = rows[0], rows[4]
+    assert (first["n_prompt"], first["n_gen"], first["avg_ts"], first["stddev_ts"]) == (512, 0, 7138.99, 14.96)
+    assert (tg["n_prompt"], tg["n_gen"], tg["avg_ts"]) == (0, 512, 130.58)
+    assert first["gpu_info"] == "NVIDIA GeForce RTX 4090"
+    assert (first["build_commit"], first["build_number"]) == ("4426e298", 2824)
+    assert first["model_size"] == round(4.58 * 2**30)
+    assert first["n_gpu_layers"] == 99
+
+
+def test_compact_test_names_parse():
+    rows = _load(XD / "H100_PCIe_v3-8b-q4_k_m-cell11.md")
+    tests = [(r["n_prompt"], r["n_gen"]) for r in rows]
+    assert tests[0] == (512, 0) and tests[4] == (0, 512) and tests[-1] == (512, 128)
+
+
+@pytest.mark.parametrize("suffix", ["json", "jsonl", "csv"])
+def test_machine_formats_give_the_same_rows(suffix):
+    rows = _load(README / f"rtx4080-qwen2.5-7b-q4_k_m.{suffix}")
+    assert len(rows) == 2
+    assert rows[0]["gpu_info"] == "NVIDIA GeForce RTX 4080"
+    assert int(rows[0]["n_prompt"]) == 512 and int(rows[1]["n_gen"]) == 128
+    assert quant_from_model_type(rows[0]["model_type"]) == "Q4_K_M"
+
+
+def test_quant_names_map_to_catalogue_ids():
+    assert quant_from_model_type("llama 8B Q4_K - Medium") == "Q4_K_M"
+    assert quant_from_model_type("llama 70B F16") == "F16"
+    assert quant_from_model_type("llama 7B mostly Q4_0") == "Q4_0"
+    with pytest.raises(BenchcalError):
+        quant_from_model_type("llama 7B Q9_Z")
+
+
+def test_import_writes_decode_and_prefill_records(tmp_path):
+    written, messages = import_llama_bench(XD / "4090_v3-8b-q4_k_m-cell11.md", model="llama-3-8b", runs_dir=tmp_path,
+                                           source_url="https://example.invalid/source")
+    assert len(written) == 8 and not messages
+    stored = [s.record for s in records.iter_records(tmp_path)]
+    assert {r["config"]["device"] for r in stored} == {"rtx-4090"}
+    assert {r["provenance"]["source"] for r in stored} == {"imported"}
+    assert {r["provenance"]["imported_from"] for r in stored} == {"4090_v3-8b-q4_k_m-cell11.md"}
+    assert {r["provenance"]["engine_commit"] for r in stored} == {"4426e298"}
+    obs = load_observations(tmp_path)
+    decode = obs.decode.sort_values("gen_tokens")
+    assert list(decode["gen_tokens"]) == [512, 1024, 4096, 8192]
+    assert list(decode["decode_context"]) == [256.0, 512.0, 2048.0, 4096.0]
+    assert decode["decode_tok_s"].iloc[0] == pytest.approx(130.58)
+    assert sorted(obs.prefill["prompt_tokens"]) == [512, 1024, 4096, 8192]
+    assert not obs.prefill["flash_attn"].any() and set(obs.prefill["n_ubatch"]) == {512}
+
+
+def test_json_samples_are_kept(tmp_path):
+    import_llama_bench(README / "rtx4080-qwen2.5-7b-q4_k_m.json", model="qwen2.5-7b", runs_dir=tmp_path)
+    decode = next(s.record for s in records.iter_records(tmp_path) if s.record["measurements"].get("decode"))
+    summary = decode["measurements"]["decode"]["decode_tok_s"]
+    assert summary["samples"] == [119.03, 120.178, 119.43, 118.307, 117.464]
+    assert summary["median"] == pytest.approx(119.03)
+    assert decode["provenance"]["weights_bytes"] == 4677120000
+
+
+def test_pp_plus_tg_rows_are_skipped_with_a_message(tmp_path):
+    written, messages = import_llama_bench(XD / "H100_PCIe_v3-8b-q4_k_m-cell11.md", model="llama-3-8b",
+                                           runs_dir=tmp_path)
+    assert len(written) == 8
+    assert any("pp+tg" in m for m in messages)
+
+
+def test_importing_twice_adds_nothing(tmp_path):
+    file = README / "rtx4080-qwen2.5-7b-q4_k_m.csv"
+    assert len(import_llama_bench(file, model="qwen2.5-7b", runs_dir=tmp_path)[0]) == 2
+    written, messages = import_llama_bench(file, model="qwen2.5-7b", runs_dir=tmp_path)
+    assert written == [] and all("already imported" in m for m in messages)
+
+
+def test_gpu_is_required_when_the_file_does_not_name_it(tmp_path):
+    with pytest.raises(BenchcalError, match="--gpu"):
+        import_llama_bench(XD / "M1max_64GB-8b-q4_k_m-cell9.md", model="llama-3-8b", runs_dir=tmp_path)
+    written, _ = import_llama_bench(XD / "M1max_64GB-8b-q4_k_m-cell9.md", model="llama-3-8b", runs_dir=tmp_path,
+                                    gpu="macbook-pro-m1-max-64gb")
+    assert len(written) == 10
+
+
+def test_unknown_model_and_missing_file_are_user_errors(tmp_path):
+    with pytest.raises(BenchcalError, match="unknown model"):
+        import_llama_bench(README / "rtx4080-qwen2.5-7b-q4_k_m.json", model="no-such-model", runs_dir=tmp_path)
+    with pytest.raises(BenchcalError, match="not found"):
+        import_llama_bench(tmp_path / "missing.md", model="llama-3-8b", runs_dir=tmp_path)
+
+
+def test_manifest_covers_every_file_with_a_url():
+    entries = load_manifest()
+    files = {e["file"] for e in entries}
+    on_disk = {str(p.relative_to(DATA)) for p in DATA.rglob("*") if p.is_file() and p.name not in ("README.md",
+                                                                                                   "sources.json")}
+    assert files == on_disk
+    assert all(e["url"].startswith("https://github.com/") for e in entries)
