@@ -154,6 +154,7 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
         "device_count": float(row.get("device_count") or 1),
         "offload_fraction": float(row.get("offload_fraction") or 0.0),
         "flash_attn": bool(row.get("flash_attn")),
+        "cpu_repack": quant.id in mem.CPU_REPACKED_QUANTS,
         "n_ubatch": float(row.get("n_ubatch") or 512),
         "host_bandwidth_gbs": float(host_bw) if _finite(host_bw) else DEFAULT_HOST_BANDWIDTH_GBS,
         "host_memory_gib": float(row["host_memory_gib"]) if _finite(row.get("host_memory_gib"))
@@ -163,7 +164,7 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
 
 ARRAY_INPUTS = ("memory_gib", "usable_gib", "bandwidth_gbs", "tflops", "bits_per_weight", "exact_weights_bytes",
                 "kv_bytes_per_element", "context", "batch", "device_count", "offload_fraction", "flash_attn",
-                "n_ubatch", "host_bandwidth_gbs", "host_memory_gib")
+                "cpu_repack", "n_ubatch", "host_bandwidth_gbs", "host_memory_gib")
 
 
 @dataclass

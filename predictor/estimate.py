@@ -64,6 +64,7 @@ def evaluate(
     host_bandwidth_gbs=DEFAULT_HOST_BANDWIDTH_GBS,
     host_memory_gib=DEFAULT_HOST_MEMORY_GIB,
     enforce_eager=False,
+    cpu_repack=False,
     with_max_context: bool = True,
 ) -> dict[str, np.ndarray]:
     """Evaluate the model over broadcastable arrays; returns arrays keyed by quantity (bytes, s).
@@ -71,6 +72,7 @@ def evaluate(
     ``kind`` is the device kind ("gpu", "unified", "cpu"); ``offload_fraction`` is the share of the
     repeating layers kept in host memory (llama.cpp layers; vLLM cpu_offload_gb). ``enforce_eager``
     (vLLM) drops the CUDA-graph pool; there are no CUDA graphs on a CPU device either.
+    ``cpu_repack`` (per quant) adds llama.cpp's repacked copy of the layer matrices on a CPU device.
     """
     kind = np.asarray(kind)
     on_gpu = kind == "gpu"
@@ -91,12 +93,14 @@ def evaluate(
     out_on_device = frac == 0.0
     dev_w = (1.0 - frac) * layer_w + np.where(out_on_device, out_w, 0.0) + np.where(on_gpu, 0.0, host_embd)
     host_w = total_w - dev_w
+    repack = mem.cpu_repack_bytes(layer_w, np.logical_and(cpu_repack, kind == "cpu")) if engine == "llama.cpp" else 0.0
+    resident_w = dev_w + repack
     kv_total = mem.kv_cache_bytes(arch, context, batch, kv_bytes_per_element, engine)
     kv_host_share = frac if engine == "llama.cpp" else 0.0  # llama.cpp keeps KV with its layer
     dev_kv = kv_total * (1.0 - kv_host_share)
     eager = np.logical_or(np.asarray(enforce_eager, bool), kind == "cpu")
     runtime = mem.runtime_bytes(arch, engine, coeffs, context, n_ubatch, flash_attn, batch, eager) * n_dev
-    total = dev_w + dev_kv + runtime
+    total = resident_w + dev_kv + runtime
     usable = mem.usable_device_bytes(memory_gib, usable_gib, kind, coeffs["reserve_gib"]) * n_dev
     util = total / usable
     # Layers (and, for llama.cpp, their KV) kept in host RAM; the input embedding is not counted.
@@ -141,7 +145,7 @@ def evaluate(
         tensor_parallel=tensor_parallel,
     )
     result = {
-        "weights_bytes": dev_w,
+        "weights_bytes": resident_w + np.zeros_like(dev_w),
         "weights_total_bytes": np.broadcast_to(total_w, np.shape(dev_w)),
         "kv_cache_bytes": dev_kv,
         "runtime_bytes": runtime,
@@ -167,7 +171,7 @@ def evaluate(
     ngl = np.where(room >= per_layer * L + out_w, L + 1, ngl)
     result["max_gpu_layers"] = np.where(on_gpu, ngl, L + 1)
     if with_max_context:
-        result["max_context"] = _max_context(arch, engine, coeffs, usable, dev_w, frac, n_dev,
+        result["max_context"] = _max_context(arch, engine, coeffs, usable, resident_w, frac, n_dev,
                                              kv_bytes_per_element, batch, n_ubatch, flash_attn, eager)
     return result
 
@@ -398,6 +402,7 @@ def predict(
         host_bandwidth_gbs=host_bw,
         host_memory_gib=host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
         enforce_eager=enforce_eager,
+        cpu_repack=q.id in mem.CPU_REPACKED_QUANTS,
     )
     scalars = {k: float(np.asarray(val).reshape(-1)[0]) for k, val in values.items()}
     throughput_offload = float(offload_fraction)

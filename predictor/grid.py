@@ -14,6 +14,7 @@ from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, Coefficients
 from predictor.devices import Device
 from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_PROMPT_TOKENS, evaluate
+from predictor.memory import CPU_REPACKED_QUANTS
 from predictor.quants import QuantFormat
 
 
@@ -63,6 +64,7 @@ def sweep(
     if any(x is not None for x in non_expert):
         # Formats that quantize every tensor use their own width for the non-expert part too.
         bpw_ne = np.array([qf.bits_per_weight if x is None else x for qf, x in zip(quants, non_expert)])[q]
+    repack = np.array([qf.id in CPU_REPACKED_QUANTS for qf in quants])[q]
     ctx = np.array(contexts, dtype=float)[None, None, :, None]
     bat = np.array(batches, dtype=float)[None, None, None, :]
     out = evaluate(
@@ -71,7 +73,7 @@ def sweep(
         kv_bytes_per_element=kv_bytes_per_element, context=ctx, batch=bat,
         prompt_tokens=np.minimum(prompt_tokens, ctx), device_count=device_count,
         flash_attn=flash_attn, n_ubatch=n_ubatch, host_bandwidth_gbs=host_bandwidth_gbs,
-        with_max_context=with_max_context,
+        cpu_repack=repack, with_max_context=with_max_context,
     )
     shape = (D, len(quants), len(contexts), len(batches))
     return {k: np.broadcast_to(v, shape) for k, v in out.items()}

@@ -29,6 +29,17 @@ def weights_bytes(arch: ModelArch, bits_per_weight, bits_per_weight_non_expert=N
     return (arch.params_expert * bpw + non_expert * np.asarray(bits_per_weight_non_expert, float)) / 8.0
 
 
+# llama.cpp's CPU backend copies the layer matrices of these formats into an interleaved layout
+# (ggml-cpu/repack.cpp: q4_0 -> q4_0_8x8, q4_K -> q4_K_8x8, iq4_nl -> iq4_nl_8x8 on AVX2; the log
+# line "CPU_REPACK model buffer size"), while the memory-mapped file stays resident too.
+CPU_REPACKED_QUANTS = frozenset({"Q4_0", "Q4_K_M", "Q4_K_S", "IQ4_NL"})
+
+
+def cpu_repack_bytes(layer_weights_bytes, repacked):
+    """Extra host bytes for llama.cpp's repacked copy of the layer matrices (``repacked``: bool/array)."""
+    return np.where(np.asarray(repacked, bool), layer_weights_bytes, 0.0)
+
+
 def embedding_bytes(arch: ModelArch, total_weights_bytes):
     """Bytes of the input embedding table, assuming it shares the file's average width."""
     return total_weights_bytes * (arch.params_embedding / arch.params_total)

@@ -71,9 +71,19 @@ def decode_step_seconds(
     return t_fixed + t_device + t_host + t_comm
 
 
+def lm_head_params(arch: ModelArch) -> int:
+    """Parameters of the output projection (the embedding table when tied)."""
+    return arch.params_output or arch.params_embedding
+
+
 def prefill_matmul_flops(arch: ModelArch, prompt_tokens):
-    """FLOPs of the weight matmuls for a prompt: 2 x active parameters x tokens (embedding excluded)."""
-    return 2.0 * arch.params_active * np.asarray(prompt_tokens, float)
+    """FLOPs of the weight matmuls for a prompt of n tokens.
+
+    2 x (active parameters - LM head) x n for the layers, plus 2 x LM head once: engines compute
+    logits for the last prompt token only. The input embedding is a lookup (no FLOPs).
+    """
+    head = lm_head_params(arch)
+    return 2.0 * (arch.params_active - head) * np.asarray(prompt_tokens, float) + 2.0 * head
 
 
 def prefill_attention_flops(arch: ModelArch, prompt_tokens):

@@ -81,17 +81,15 @@ model = "smollm2-360m"
 quant = "Q8_0"
 EOF
 
-# Limits for the held-out model. A 2-core shared CI runner moves CPU timings by 20-50% between minutes,
-# and the predictor counts the LM head's FLOPs for every prompt token (predictor/throughput.py
-# prefill_matmul_flops) although llama.cpp computes logits for the last token only, which misses a
-# held-out small model's prefill by 20-45%. These limits catch a broken loop (engine defaults miss
-# decode by 50-120% here), not the last percent; calibration/accuracy.toml holds the real targets.
+# Limits for the held-out model. A 2-core shared CI runner moves CPU timings by 10-30% between minutes,
+# so these catch a broken loop (engine defaults miss decode here by 50-120%), not the last percent;
+# calibration/accuracy.toml holds the real targets. Seen here: decode 1.4%, prefill 13%, TTFT 12%, memory 1.5%.
 cat > "$SWEEPS/closed-loop-accuracy.toml" <<'EOF'
 [thresholds]
-decode_mape = 0.35
-decode_p90 = 0.50
-prefill_mape = 0.60
-ttft_mape = 0.50
+decode_mape = 0.25
+decode_p90 = 0.35
+prefill_mape = 0.35
+ttft_mape = 0.35
 memory_rel = 0.03
 memory_abs_mib = 256
 EOF
