@@ -122,11 +122,16 @@ def _round(x: float) -> float:
 
 
 def scopes_of(dataset: Dataset, engine: str, masks: dict[str, np.ndarray] | None = None) -> list[ScopeRows]:
-    """Engine scope, then each family, then each device with observations (in that order)."""
+    """Engine scope, then each family, then each device with observations (in that order).
+
+    The engine scope is the fallback for accelerators nobody measured, so it is fitted on accelerator runs
+    only: the host CPU (its own device and family) says nothing about a GPU's CUDA context or kernels.
+    """
     blocks = dataset.blocks
     base = {q: (blocks[q].meta["engine"].to_numpy() == engine) & (masks[q] if masks else True)
             for q in QUANTITIES}
-    out = [ScopeRows("engine", base)]
+    accelerators = {q: base[q] & (blocks[q].meta["kind"].to_numpy() != "cpu") for q in QUANTITIES}
+    out = [ScopeRows("engine", accelerators)]
     for key, column in (("family", "family"), ("device", "device_id")):
         names: set[str] = set()
         for q in QUANTITIES:
