@@ -48,21 +48,22 @@ class Block:
     def __len__(self) -> int:
         return len(self.meta)
 
-    @property
-    def noisy(self) -> np.ndarray:
-        """Rows whose repetitions spread more than ``MAX_REL_STD`` (unstable measurements)."""
+    def _spread_above(self, limit: float) -> np.ndarray:
+        """Rows whose repetitions spread (relative MAD or stddev) more than ``limit``."""
         if "rel_std" not in self.meta:
             return np.zeros(len(self.meta), bool)
         rel = pd.to_numeric(self.meta["rel_std"], errors="coerce").to_numpy(dtype=float)
-        return np.nan_to_num(rel, nan=0.0) > MAX_REL_STD
+        return np.nan_to_num(rel, nan=0.0) > limit
+
+    @property
+    def noisy(self) -> np.ndarray:
+        """Rows whose repetitions spread more than ``MAX_REL_STD`` (not scored by default)."""
+        return self._spread_above(MAX_REL_STD)
 
     @property
     def unstable(self) -> np.ndarray:
         """Rows whose repetitions spread more than ``MAX_REL_STD_FIT``: too unstable to fit."""
-        if "rel_std" not in self.meta:
-            return np.zeros(len(self.meta), bool)
-        rel = pd.to_numeric(self.meta["rel_std"], errors="coerce").to_numpy(dtype=float)
-        return np.nan_to_num(rel, nan=0.0) > MAX_REL_STD_FIT
+        return self._spread_above(MAX_REL_STD_FIT)
 
     @property
     def excluded(self) -> np.ndarray:

@@ -34,7 +34,7 @@ from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, ENGINE_DEFAULTS
 from predictor.devices import cpu_device, resolve_device
 from predictor.errors import BenchcalError
-from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_HOST_MEMORY_GIB, evaluate
+from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_HOST_MEMORY_GIB, device_kwargs, evaluate
 from predictor.quants import resolve_kv_dtype, resolve_quant
 
 NEUTRAL_INVERSE = 1e200  # an efficiency this large removes its term (bytes / (eta * BW) ~ 0)
@@ -140,11 +140,7 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
         "engine": engine,
         "device_id": device.id,
         "family": device.family,
-        "kind": device.kind,
-        "memory_gib": device.memory_gib,
-        "usable_gib": _nan(device.usable_gib),
-        "bandwidth_gbs": _nan(device.bandwidth_gbs),
-        "tflops": _nan(device.fp16_tflops),
+        **device_kwargs(device),  # kind, memory_gib, usable_gib, bandwidth_gbs, tflops: as predict() passes them
         "bits_per_weight": _nan(quant.bits_per_weight),
         "bits_per_weight_non_expert": quant.bits_per_weight_non_expert,
         "exact_weights_bytes": float(exact) if _finite(exact) and float(exact) > 0 else float("nan"),
