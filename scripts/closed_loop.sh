@@ -83,13 +83,14 @@ EOF
 
 # Limits for the held-out model. A 2-core shared CI runner moves CPU timings by 10-30% between minutes,
 # so these catch a broken loop (engine defaults miss decode here by 50-120%), not the last percent;
-# calibration/accuracy.toml holds the real targets. Seen here: decode 1.4%, prefill 13%, TTFT 12%, memory 1.5%.
+# calibration/accuracy.toml holds the real targets. Seen here in two runs: decode 1.4-2.2%, prefill 13-23%,
+# TTFT 12-18%, memory 1.5%.
 cat > "$SWEEPS/closed-loop-accuracy.toml" <<'EOF'
 [thresholds]
-decode_mape = 0.25
-decode_p90 = 0.35
-prefill_mape = 0.35
-ttft_mape = 0.35
+decode_mape = 0.30
+decode_p90 = 0.40
+prefill_mape = 0.45
+ttft_mape = 0.45
 memory_rel = 0.03
 memory_abs_mib = 256
 EOF
