@@ -134,7 +134,9 @@ def cross_validate(dataset: Dataset, table: dict[str, Any]) -> dict[str, Any]:
 def _scope_rows(dataset: Dataset, quantity: str, engine: str, kind: str, name: str | None) -> np.ndarray:
     meta = dataset.blocks[_block_of(quantity)].meta
     rows = meta["engine"].to_numpy() == engine
-    if kind == "family":
+    if kind == "engine":  # fitted on accelerator runs only (calibration.table.scopes_of)
+        rows &= meta["kind"].to_numpy() != "cpu"
+    elif kind == "family":
         rows &= meta["family"].to_numpy() == name
     elif kind == "device":
         rows &= meta["device_id"].to_numpy() == name
