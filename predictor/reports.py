@@ -144,6 +144,17 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
     )
     rep.add("Devices", "table", rows, ["Hardware", "Status", "Total / usable GiB", "Decode tok/s", "TTFT s",
                                        "Max safe ctx", "Price"])
+    # Context scaling of the six fastest devices that fit.
+    top = [i for i in order if r["verdict"][i, 0, 0, 0] <= 1][:6]
+    if top:
+        ctxs = contexts_for(arch)
+        scale = sweep(arch, engine, [devs[i] for i in top], [q], ctxs, [batch], table=table,
+                      kv_bytes_per_element=kv.bytes_per_element, prompt_tokens=max(ctxs),  # decode at a full context
+                      exact_weights_bytes=exact, with_max_context=False)
+        rep.charts.append(Chart(f"Decode speed at a full context ({q.id}, batch {batch})", "context (tokens)", "tok/s", {
+            devs[i].name: (ctxs, [round(float(x), 2) if v <= 1 else float("nan")
+                                  for x, v in zip(scale["decode_tok_s"][k, 0, :, 0], scale["verdict"][k, 0, :, 0])])
+            for k, i in enumerate(top)}))
     if len(order) and r["verdict"][order[0], 0, 0, 0] <= 1:
         best = devs[order[0]]
         est = predict(arch, best, q.id, context, engine, prompt_tokens=prompt_tokens, batch=batch, kv_dtype=kv.id,
@@ -287,5 +298,18 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
         data={"model": arch.id, "quant": q.id, "context": context, "engine": engine, "picks": data},
     )
     rep.add("Recommendations", "table", rows, ["Pick", "Hardware", "Total / usable GiB", "Decode tok/s", "TTFT s", "Price"])
+    ctxs = contexts_for(arch)
+    series = {}
+    for label, pick in picks:
+        if pick is None or label == "Fastest":
+            continue
+        d, n = pick[0], pick[1]
+        s_ = sweep(arch, engine, [d], [q], ctxs, [1], table=table, device_count=n, prompt_tokens=max(ctxs),
+                   with_max_context=False, exact_weights_bytes=exact)  # decode at a full context
+        name = f"{n}x {d.name}" if n > 1 else d.name
+        series[f"{label}: {name}"] = (ctxs, [round(float(x), 2) if v <= 1 else float("nan")
+                                             for x, v in zip(s_["decode_tok_s"][0, 0, :, 0], s_["verdict"][0, 0, :, 0])])
+    if series:
+        rep.charts.append(Chart(f"Decode speed at a full context ({q.id})", "context (tokens)", "tok/s", series))
     rep.add("Launch commands", "code", commands)
     return rep
