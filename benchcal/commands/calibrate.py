@@ -107,36 +107,32 @@ def cmd_check(args) -> int:
     return 0
 
 
-def cmd_import_llama_bench(args) -> int:
-    from calibration.importers import import_llama_bench
-
+def _import_files(args, import_one) -> int:
+    """Run ``import_one(file, runs_dir) -> (written, messages)`` over the files; report what was stored."""
     runs = args.runs_dir or str(Path(_runs_dirs(argparse.Namespace(runs_dir=None))[0]) / "imported")
     total = 0
     for file in args.files:
-        written, messages = import_llama_bench(file, model=args.model, runs_dir=runs, gpu=args.gpu,
-                                               source_url=args.source_url, gpu_count=args.gpus)
+        written, messages = import_one(file, runs)
         total += len(written)
         for message in messages:
             print(f"{file}: {message}", file=sys.stderr)
     print(f"imported {total} record(s) into {runs}")
     return 0
+
+
+def cmd_import_llama_bench(args) -> int:
+    from calibration.importers import import_llama_bench
+
+    return _import_files(args, lambda file, runs: import_llama_bench(
+        file, model=args.model, runs_dir=runs, gpu=args.gpu, source_url=args.source_url, gpu_count=args.gpus))
 
 
 def cmd_import_vllm_bench(args) -> int:
     from calibration.importers_vllm import import_vllm_bench
 
-    runs = args.runs_dir or str(Path(_runs_dirs(argparse.Namespace(runs_dir=None))[0]) / "imported")
-    total = 0
-    for file in args.files:
-        written, messages = import_vllm_bench(file, model=args.model, runs_dir=runs, gpu=args.gpu, quant=args.quant,
-                                              source_url=args.source_url, gpu_count=args.gpus or 1,
-                                              input_len=args.input_len, output_len=args.output_len,
-                                              batch_size=args.batch_size)
-        total += len(written)
-        for message in messages:
-            print(f"{file}: {message}", file=sys.stderr)
-    print(f"imported {total} record(s) into {runs}")
-    return 0
+    return _import_files(args, lambda file, runs: import_vllm_bench(
+        file, model=args.model, runs_dir=runs, gpu=args.gpu, quant=args.quant, source_url=args.source_url,
+        gpu_count=args.gpus or 1, input_len=args.input_len, output_len=args.output_len, batch_size=args.batch_size))
 
 
 def cmd_import_missing_kind(args) -> int:
