@@ -17,7 +17,6 @@ from predictor import memory as mem
 from predictor import throughput as tp
 from predictor.architecture import ModelArch
 from predictor.coefficients import (
-    ENGINES,
     Coefficients,
     CoefficientSet,
     default_coefficients_path,
@@ -26,7 +25,7 @@ from predictor.coefficients import (
 from predictor.devices import Device, resolve_device
 from predictor.errors import BenchcalError, non_negative, positive
 from predictor.models import resolve_model
-from predictor.quants import QuantFormat, resolve_kv_dtype, resolve_quant
+from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype, resolve_quant
 
 GIB = mem.GIB
 TIGHT_UTILIZATION = 0.92  # above this share of usable memory, allocator rounding and fragmentation bite
@@ -313,13 +312,6 @@ def require_bits(quant: QuantFormat, exact_weights_bytes: float | None) -> None:
         raise BenchcalError(f"{quant.id} is a per-model mix with no fixed bits per weight: pass its GGUF file as --model")
 
 
-def resolve_engine(engine: str) -> str:
-    name = engine.strip().lower().replace("_", ".").replace("llamacpp", "llama.cpp").replace("llama-cpp", "llama.cpp")
-    if name not in ENGINES:
-        raise BenchcalError(f"unknown engine '{engine}' (choose from: {', '.join(ENGINES)})")
-    return name
-
-
 def device_kwargs(device: Device) -> dict[str, Any]:
     """The device's figures as keyword arguments of ``evaluate``."""
     return {
@@ -358,7 +350,7 @@ def predict(
     ``coefficients``: a path, a loaded table, ``None`` for engine defaults, or ``"default"`` for the
     committed calibration table when present.
     """
-    eng = resolve_engine(engine)
+    eng = normalize_engine(engine)
     arch = model if isinstance(model, ModelArch) else resolve_model(model)
     dev = device if isinstance(device, Device) else resolve_device(device)
     if quant is None:

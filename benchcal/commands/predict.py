@@ -6,12 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from predictor.devices import Device, cpu_device, load_devices, resolve_device
-
 from predictor.coefficients import Coefficients, default_coefficients_path, load_coefficients
+from predictor.devices import Device, cpu_device, load_devices, resolve_device
 from predictor.errors import BenchcalError, positive
-from predictor.estimate import predict, resolve_engine
+from predictor.estimate import predict
 from predictor.models import load_catalogue, resolve_model
+from predictor.quants import normalize_engine
 from predictor.render import FORMATS, render
 from predictor.reports import (
     catalogue_devices_report,
@@ -96,7 +96,7 @@ def cmd_predict(args) -> int:
 
 
 def cmd_leaderboard(args) -> int:
-    engine = resolve_engine(args.engine)
+    engine = normalize_engine(args.engine)
     rep = leaderboard_report(resolve_model(args.model), args.quant or ("Q4_K_M" if engine == "llama.cpp" else "AWQ"),
                              positive("--ctx", args.ctx), engine, table=_table(args),
                              prompt_tokens=positive("--prompt", args.prompt), kv_dtype=args.kv_dtype,
@@ -106,7 +106,7 @@ def cmd_leaderboard(args) -> int:
 
 
 def cmd_matrix(args) -> int:
-    engine = resolve_engine(args.engine)
+    engine = normalize_engine(args.engine)
     arch = resolve_model(args.model)
     contexts = None
     if args.contexts:
@@ -123,7 +123,7 @@ def cmd_matrix(args) -> int:
 
 
 def cmd_recommend(args) -> int:
-    engine = resolve_engine(args.engine)
+    engine = normalize_engine(args.engine)
     arch = resolve_model(args.model)
     positive("--ctx", args.ctx)
     if args.ctx > arch.max_context:
