@@ -306,6 +306,13 @@ def _r(x, nd: int = 3) -> float | None:
     return None if x != x else round(x, nd)
 
 
+def require_context(arch: ModelArch, context: int) -> None:
+    """A positive context no longer than the model's maximum, else a BenchcalError."""
+    positive("--ctx", context)
+    if context > arch.max_context:
+        raise BenchcalError(f"context {context} is above {arch.id}'s maximum of {arch.max_context} tokens")
+
+
 def require_bits(quant: QuantFormat, exact_weights_bytes: float | None) -> None:
     """A per-model mix (UD-Q2_K_XL) has no fixed bits per weight: only a GGUF file can size it."""
     if quant.bits_per_weight is None and exact_weights_bytes is None:
@@ -366,8 +373,7 @@ def predict(
     non_negative("--offload", offload_fraction)
     if offload_fraction > 1:
         raise BenchcalError(f"--offload is a fraction of the layers, between 0 and 1, got {offload_fraction}")
-    if context > arch.max_context:
-        raise BenchcalError(f"context {context} is above {arch.id}'s maximum of {arch.max_context} tokens")
+    require_context(arch, context)
     if eng not in dev.engines:
         raise BenchcalError(f"{eng} does not run on {dev.name} (engines there: {', '.join(dev.engines)})")
     if device_count > 1 and dev.kind != "gpu":

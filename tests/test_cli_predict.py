@@ -71,6 +71,10 @@ def test_report_commands_run_in_every_format(command):
     (["predict", "--model", "qwen2.5-72b", "--gpu", "l4", "--ctx", "abc"], "invalid int"),
     (["predict", "--model", "/nonexistent/config.json", "--gpu", "l4"], "nonexistent"),
     (["predict", "--model", "qwen2.5-72b", "--gpu", "l4", "--coefficients", "/nope.json"], "not found"),
+    (["leaderboard", "--model", "qwen2.5-72b", "--ctx", "200000"], "maximum"),
+    (["matrix", "--model", "qwen2.5-72b", "--gpu", "l4", "--contexts", "4096,x"], "comma-separated"),
+    (["recommend", "--model", "qwen2.5-72b", "--ctx", "-5"], "positive"),
+    (["recommend", "--model", "qwen2.5-72b", "--ctx", "8192", "--budget", "0"], "positive"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(args, fragment):
     p = run(*args)

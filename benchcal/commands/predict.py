@@ -9,7 +9,7 @@ from pathlib import Path
 from predictor.coefficients import Coefficients, default_coefficients_path, load_coefficients
 from predictor.devices import Device, cpu_device, load_devices, resolve_device
 from predictor.errors import BenchcalError, positive
-from predictor.estimate import predict
+from predictor.estimate import predict, require_context
 from predictor.models import load_catalogue, resolve_model
 from predictor.quants import normalize_engine
 from predictor.render import FORMATS, render
@@ -97,8 +97,10 @@ def cmd_predict(args) -> int:
 
 def cmd_leaderboard(args) -> int:
     engine = normalize_engine(args.engine)
-    rep = leaderboard_report(resolve_model(args.model), args.quant or ("Q4_K_M" if engine == "llama.cpp" else "AWQ"),
-                             positive("--ctx", args.ctx), engine, table=_table(args),
+    arch = resolve_model(args.model)
+    require_context(arch, args.ctx)
+    rep = leaderboard_report(arch, args.quant or ("Q4_K_M" if engine == "llama.cpp" else "AWQ"),
+                             args.ctx, engine, table=_table(args),
                              prompt_tokens=positive("--prompt", args.prompt), kv_dtype=args.kv_dtype,
                              batch=positive("--batch", args.batch))
     emit(render(rep, args.format), args)
@@ -115,7 +117,7 @@ def cmd_matrix(args) -> int:
         except ValueError:
             raise BenchcalError(f"--contexts takes comma-separated integers, got '{args.contexts}'") from None
         for c in contexts:
-            positive("--contexts", c)
+            require_context(arch, c)
     rep = matrix_report(arch, resolve_gpu(args), engine, contexts=contexts, table=_table(args),
                         device_count=positive("--gpus", args.gpus), kv_dtype=args.kv_dtype)
     emit(render(rep, args.format), args)
@@ -125,9 +127,7 @@ def cmd_matrix(args) -> int:
 def cmd_recommend(args) -> int:
     engine = normalize_engine(args.engine)
     arch = resolve_model(args.model)
-    positive("--ctx", args.ctx)
-    if args.ctx > arch.max_context:
-        raise BenchcalError(f"context {args.ctx} is above {arch.id}'s maximum of {arch.max_context} tokens")
+    require_context(arch, args.ctx)
     if args.budget is not None:
         positive("--budget", args.budget)
     rep = recommend_report(arch, args.ctx, args.quant, engine, min_decode=args.min_decode or 0.0,
