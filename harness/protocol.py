@@ -515,10 +515,11 @@ def _gaps_ms(times_s: list[float]) -> list[float]:
 
 
 def prediction_error(status: str, verdict: str | None) -> dict[str, Any] | None:
-    """Flag a run whose outcome contradicts the fit verdict (OOM predicted to fit, ok predicted not to)."""
+    """Flag a run whose outcome contradicts the fit verdict (OOM predicted to fit, ok predicted not to fit as
+    configured: the stored prediction is for the configuration measured, offload included)."""
     if status == "oom" and verdict == "fits":
         return {"kind": "oom_predicted_fits", "verdict": verdict, "status": status}
-    if status == "ok" and verdict == "does not fit":
+    if status == "ok" and verdict in ("does not fit", "needs offload"):
         return {"kind": "ok_predicted_not_fit", "verdict": verdict, "status": status}
     return None
 

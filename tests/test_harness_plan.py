@@ -25,3 +25,13 @@ def test_a_config_that_fits_is_measured_as_asked():
     plan = plan_config(cfg)
     assert plan.planned is None and plan.config == cfg
     assert plan.prediction["fit"]["verdict"] == "fits"
+
+
+def test_an_outcome_that_contradicts_the_verdict_is_a_prediction_error():
+    from harness.protocol import prediction_error
+
+    assert prediction_error("oom", "fits")["kind"] == "oom_predicted_fits"
+    assert prediction_error("ok", "does not fit")["kind"] == "ok_predicted_not_fit"
+    assert prediction_error("ok", "needs offload")["kind"] == "ok_predicted_not_fit"
+    assert prediction_error("ok", "fits") is None
+    assert prediction_error("oom", "tight") is None
