@@ -76,7 +76,7 @@ ALLOCATE = """
 import time
 time.sleep(0.3)
 block = bytearray(300 * 2**20)  # zero-filled: every page touched
-time.sleep(0.1)
+time.sleep(0.25)  # long enough for a loaded 2-core runner to sample it
 del block
 time.sleep(0.5)
 """
