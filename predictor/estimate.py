@@ -122,7 +122,7 @@ def evaluate(
         arch,
         coeffs,
         device_weight_bytes=step_dev,
-        host_weight_bytes=step_w - step_dev,
+        host_weight_bytes=step_w - step_dev + kv_read * kv_host_share,  # offloaded layers' weights and KV
         kv_read_bytes=kv_read * (1.0 - kv_host_share),
         bandwidth_gbs=bw,
         # vLLM's cpu_offload_gb streams the offloaded weights over PCIe every step.
