@@ -25,11 +25,11 @@ benchcal() { (cd "$ROOT" && "$PY" -m benchcal "$@"); }
 
 SWEEPS="$RUNS/sweeps"
 mkdir -p "$SWEEPS"
-# Fitting set: three sizes, two weight formats, two layer counts of one architecture (so the fixed,
-# per-layer and bandwidth terms can be told apart), two contexts (memory).
-cat > "$SWEEPS/closed-loop-fit.toml" <<'EOF'
-name = "closed-loop-fit"
-description = "CPU closed loop, fitting set: synthetic smollm2-135m and qwen2.5-0.5b (full and 12 layers)."
+# Both sweeps measure with the same protocol: one [defaults] block, written by sweep_header.
+sweep_header() {  # NAME DESCRIPTION
+  cat <<EOF
+name = "$1"
+description = "$2"
 timeout_s = 300
 
 [defaults]
@@ -41,6 +41,14 @@ prompt_tokens = [64, 256]
 gen_tokens = 48
 reps = 5
 warmup = 1
+EOF
+}
+# Fitting set: three sizes, two weight formats, two layer counts of one architecture (so the fixed,
+# per-layer and bandwidth terms can be told apart), two contexts (memory).
+{
+  sweep_header closed-loop-fit \
+    "CPU closed loop, fitting set: synthetic smollm2-135m and qwen2.5-0.5b (full and 12 layers)."
+  cat <<'EOF'
 
 [[configs]]
 model = "smollm2-135m"
@@ -60,26 +68,17 @@ model = "qwen2.5-0.5b"
 quant = "Q8_0"
 arch_overrides = { num_layers = 12 }
 EOF
+} > "$SWEEPS/closed-loop-fit.toml"
 # Held out: a model size the fit never saw.
-cat > "$SWEEPS/closed-loop-heldout.toml" <<'EOF'
-name = "closed-loop-heldout"
-description = "CPU closed loop, held-out model: synthetic smollm2-360m."
-timeout_s = 300
-
-[defaults]
-engine = "llama.cpp"
-device = "cpu"
-weights = "synthetic"
-context = 1024
-prompt_tokens = [64, 256]
-gen_tokens = 48
-reps = 5
-warmup = 1
+{
+  sweep_header closed-loop-heldout "CPU closed loop, held-out model: synthetic smollm2-360m."
+  cat <<'EOF'
 
 [[configs]]
 model = "smollm2-360m"
 quant = "Q8_0"
 EOF
+} > "$SWEEPS/closed-loop-heldout.toml"
 
 # Limits for the held-out model. A 2-core shared CI runner moves CPU timings by 10-30% between minutes,
 # so these catch a broken loop (engine defaults miss decode here by 50-120%), not the last percent;
