@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,37 @@ def existing_import_keys(runs_dir: str | Path) -> set[str]:
     return keys
 
 
+def read_result_file(path: str | Path) -> tuple[Path, str]:
+    """A result file's path and text; a missing file is a BenchcalError."""
+    file = Path(path)
+    if not file.is_file():
+        raise BenchcalError(f"file not found: {file}")
+    return file, file.read_text(encoding="utf-8", errors="replace")
+
+
+def store_new_records(text: str, items: list[Any], runs_dir: str | Path, label: str,
+                      build: Callable[[int, Any, str], tuple[dict[str, Any] | None, str | None]]
+                      ) -> tuple[list[Path], list[str]]:
+    """Write one record per item not imported before (keyed by the file's digest and the item's position).
+
+    ``build(i, item, import_key)`` returns (record or None to skip, message or None). Returns (paths, messages).
+    """
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    seen = existing_import_keys(runs_dir)
+    written, messages = [], []
+    for i, item in enumerate(items):
+        key = f"{digest}:{i}"
+        if key in seen:
+            messages.append(f"{label} {i + 1}: already imported")
+            continue
+        record, message = build(i, item, key)
+        if message:
+            messages.append(f"{label} {i + 1}: {message}")
+        if record is not None:
+            written.append(records.write_record(records.sanitize_record(record), runs_dir))
+    return written, messages
+
+
 def import_llama_bench(path: str | Path, *, model: str, runs_dir: str | Path, gpu: str | None = None,
                        source_url: str | None = None, gpu_count: int | None = None,
                        exclude: dict[str, str] | None = None) -> tuple[list[Path], list[str]]:
@@ -268,28 +300,17 @@ def import_llama_bench(path: str | Path, *, model: str, runs_dir: str | Path, gp
     ``exclude`` maps "prefill" / "decode" to a reason: those rows are stored with
     ``provenance.excluded_from_fit`` and calibration reports them without fitting or scoring them.
     """
-    file = Path(path)
-    if not file.is_file():
-        raise BenchcalError(f"file not found: {file}")
-    text = file.read_text(encoding="utf-8", errors="replace")
+    file, text = read_result_file(path)
     fmt = detect_format(file, text)
     rows = parse_llama_bench(text, fmt)
     if not rows:
         raise BenchcalError(f"{file}: no llama-bench results found (expected {fmt} output of llama-bench)")
     model_id = resolve_model(model).id
     device = _device_id(gpu, rows)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    seen = existing_import_keys(runs_dir)
-    written, messages = [], []
-    for i, row in enumerate(rows):
-        key = f"{digest}:{i}"
-        if key in seen:
-            messages.append(f"row {i + 1}: already imported")
-            continue
+
+    def build(i: int, row: dict[str, Any], key: str) -> tuple[dict[str, Any] | None, str | None]:
         record = llama_bench_record(row, model=model_id, device=device, file_name=file.name, file_format=fmt,
                                     source_url=source_url, import_key=key, gpu_count=gpu_count, exclude=exclude)
-        if record is None:
-            messages.append(f"row {i + 1}: pp+tg test mixes prefill and decode; skipped")
-            continue
-        written.append(records.write_record(records.sanitize_record(record), runs_dir))
-    return written, messages
+        return record, None if record is not None else "pp+tg test mixes prefill and decode; skipped"
+
+    return store_new_records(text, rows, runs_dir, "row", build)

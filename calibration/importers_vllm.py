@@ -15,14 +15,13 @@ write the same keys).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import statistics
 from pathlib import Path
 from typing import Any
 
-from calibration.importers import existing_import_keys
+from calibration.importers import read_result_file, store_new_records
 from harness import records
 from predictor.devices import resolve_device
 from predictor.errors import BenchcalError
@@ -159,26 +158,19 @@ def import_vllm_bench(path: str | Path, *, model: str, runs_dir: str | Path, gpu
                       input_len: int | None = None, output_len: int | None = None,
                       batch_size: int | None = None) -> tuple[list[Path], list[str]]:
     """Import one vLLM benchmark file; returns (paths written, messages)."""
-    file = Path(path)
-    if not file.is_file():
-        raise BenchcalError(f"file not found: {file}")
-    text = file.read_text(encoding="utf-8", errors="replace")
+    file, text = read_result_file(path)
     results = parse_vllm_results(text)
     model_id = resolve_model(model).id
     quant_id = resolve_quant(quant, "vllm").id
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    seen = existing_import_keys(runs_dir)
-    written, messages = [], []
-    for i, result in enumerate(results):
-        key = f"{digest}:{i}"
-        if key in seen:
-            messages.append(f"result {i + 1}: already imported")
-            continue
+
+    def build(i: int, result: dict[str, Any], key: str) -> tuple[dict[str, Any], str | None]:
         record = vllm_record(result, model=model_id, device=_device(gpu, result), quant=quant_id, file_name=file.name,
                              source_url=source_url, import_key=key, gpu_count=gpu_count, input_len=input_len,
                              output_len=output_len, batch_size=batch_size)
+        message = None
         if record.get("batch_estimated"):
-            messages.append(f"result {i + 1}: no max_concurrency; batch {record['config']['batch']} estimated "
-                            "with Little's law (not used to fit batch-1 decode)")
-        written.append(records.write_record(records.sanitize_record(record), runs_dir))
-    return written, messages
+            message = (f"no max_concurrency; batch {record['config']['batch']} estimated "
+                       "with Little's law (not used to fit batch-1 decode)")
+        return record, message
+
+    return store_new_records(text, results, runs_dir, "result", build)
