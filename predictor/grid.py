@@ -13,7 +13,7 @@ import numpy as np
 from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, Coefficients
 from predictor.devices import Device
-from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_PROMPT_TOKENS, evaluate
+from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_PROMPT_TOKENS, device_kwargs, evaluate
 from predictor.memory import CPU_REPACKED_QUANTS
 from predictor.quants import QuantFormat
 
@@ -50,13 +50,8 @@ def sweep(
     D = len(devices)
     col = (slice(None), None, None, None)
     coeffs = {k: v[col] for k, v in coefficient_arrays(table, engine, devices).items()}
-    dev = {
-        "memory_gib": np.array([d.memory_gib for d in devices])[col],
-        "usable_gib": np.array([np.nan if d.usable_gib is None else d.usable_gib for d in devices])[col],
-        "kind": np.array([d.kind for d in devices])[col],
-        "bandwidth_gbs": np.array([np.nan if d.bandwidth_gbs is None else d.bandwidth_gbs for d in devices])[col],
-        "tflops": np.array([np.nan if d.fp16_tflops is None else d.fp16_tflops for d in devices])[col],
-    }
+    per_device = [device_kwargs(d) for d in devices]  # the same inputs predict() passes, one row per device
+    dev = {key: np.array([kw[key] for kw in per_device])[col] for key in per_device[0]}
     q = (None, slice(None), None, None)
     bpw = np.array([qf.bits_per_weight for qf in quants])[q]
     non_expert = [qf.bits_per_weight_non_expert for qf in quants]
