@@ -70,6 +70,7 @@ QUANTITY_TERMS: dict[str, tuple[Term, ...]] = {
         Term("decode_fixed_ms", False),
         Term("decode_fixed_per_layer_us", False),
         Term("decode_bw_efficiency", True),
+        Term("decode_kv_efficiency", True),
         Term("host_bw_efficiency", True),
     ),
     "prefill": (
@@ -140,7 +141,7 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
         "engine": engine,
         "device_id": device.id,
         "family": device.family,
-        **device_kwargs(device),  # kind, memory_gib, usable_gib, bandwidth_gbs, tflops: as predict() passes them
+        **device_kwargs(device, engine),  # kind, memory_gib, usable_gib, bandwidth_gbs, tflops: as predict() passes them
         "bits_per_weight": _nan(quant.bits_per_weight),
         "bits_per_weight_non_expert": quant.bits_per_weight_non_expert,
         "exact_weights_bytes": float(exact) if _finite(exact) and float(exact) > 0 else float("nan"),

@@ -36,12 +36,15 @@ PREFILL_ITERATIONS = 12
 # Physical bounds of each coefficient's value: (lower, upper) for GPUs, and for the host CPU where the
 # reference figure is a measured copy bandwidth / BLAS FLOPS rather than a spec-sheet peak (a decode
 # that only reads can beat a copy; quantized int8 dot products can beat fp32 BLAS). Prefill may exceed
-# the catalogue's FP16 figure up to 2x: for GeForce parts that figure is the FP16 rate with FP32
-# accumulate, half the FP16-accumulate and int8 tensor rates llama.cpp's cuBLAS and MMQ kernels use.
+# the device's matmul peak (``Device.matmul_tflops``: FP16 with FP16 accumulate for llama.cpp) up to 2x:
+# llama.cpp's int8 MMQ kernels run at twice that rate. The KV read efficiency stays at most 1 although
+# llama.cpp without flash attention re-reads each K/V row once per query head (caches serve part of those
+# reads): the same coefficient serves flash attention, which reads each row once, from DRAM.
 BOUNDS: dict[str, tuple[float, float]] = {
     "decode_fixed_ms": (0.0, 1000.0),
     "decode_fixed_per_layer_us": (0.0, 10000.0),
     "decode_bw_efficiency": (0.02, 1.0),
+    "decode_kv_efficiency": (0.02, 1.0),
     "host_bw_efficiency": (0.02, 2.0),
     "prefill_fixed_ms": (0.0, 10000.0),
     "prefill_compute_efficiency": (0.005, 2.0),
@@ -51,7 +54,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
 }
 CPU_UPPER = {"decode_bw_efficiency": 2.0, "prefill_compute_efficiency": 4.0, "prefill_attn_efficiency": 4.0}
 # When the design is degenerate, drop these first (kept last: the efficiencies, the physics).
-DROP_ORDER = ("decode_fixed_per_layer_us", "host_bw_efficiency", "prefill_attn_efficiency", "prefill_fixed_ms",
+DROP_ORDER = ("decode_kv_efficiency", "decode_fixed_per_layer_us", "host_bw_efficiency", "prefill_attn_efficiency", "prefill_fixed_ms",
               "decode_fixed_ms", "compute_buffer_scale", "runtime_fixed_gib", "prefill_compute_efficiency",
               "decode_bw_efficiency")
 

@@ -16,7 +16,8 @@ Names and units (every coefficient is physical so a fitted table can be read):
 
 - ``decode_fixed_ms``            fixed time per decode step, ms (sampling, graph launch, host sync)
 - ``decode_fixed_per_layer_us``  fixed time per decode step per layer, microseconds (kernel launches)
-- ``decode_bw_efficiency``       achieved / peak memory bandwidth while streaming weights and KV, 0-1
+- ``decode_bw_efficiency``       achieved / peak memory bandwidth while streaming the weights, 0-1
+- ``decode_kv_efficiency``       achieved / peak memory bandwidth while attention reads the KV cache, 0-1
 - ``prefill_fixed_ms``           fixed time per prompt, ms
 - ``prefill_compute_efficiency`` achieved / peak dense FP16 FLOPS for the weight matmuls, 0-1 (CPU: of measured FLOPS)
 - ``prefill_attn_efficiency``    achieved / peak FLOPS for attention (grows with n^2), 0-1
@@ -44,6 +45,7 @@ COEFFICIENT_NAMES = (
     "decode_fixed_ms",
     "decode_fixed_per_layer_us",
     "decode_bw_efficiency",
+    "decode_kv_efficiency",
     "prefill_fixed_ms",
     "prefill_compute_efficiency",
     "prefill_attn_efficiency",
@@ -58,6 +60,7 @@ COEFFICIENT_NAMES = (
 )
 
 _CALC = "uncalibrated: a constant share of peak bandwidth, as public VRAM calculators assume (0.65-0.87)"
+_KV = "uncalibrated: the same share of peak bandwidth as the weights (calculators do not separate the two)"
 _DESIGN = "uncalibrated: a CUDA context and allocator pools take about 100-600 MiB depending on the GPU"
 
 # Uncalibrated defaults. Each value says where it comes from; calibration replaces them.
@@ -66,6 +69,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "decode_fixed_ms": (0.0, "uncalibrated: no fixed term, as the public calculators assume"),
         "decode_fixed_per_layer_us": (0.0, "uncalibrated: no per-layer term, as the public calculators assume"),
         "decode_bw_efficiency": (0.75, _CALC + "; midpoint"),
+        "decode_kv_efficiency": (0.75, _KV),
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_compute_efficiency": (0.40, "uncalibrated: a typical share of dense tensor peak for quantized matmuls"),
         "prefill_attn_efficiency": (0.40, "uncalibrated: same as the matmul efficiency"),
@@ -82,6 +86,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "decode_fixed_ms": (0.0, "uncalibrated: no fixed term, as the public calculators assume"),
         "decode_fixed_per_layer_us": (0.0, "uncalibrated: no per-layer term"),
         "decode_bw_efficiency": (0.75, _CALC + "; midpoint"),
+        "decode_kv_efficiency": (0.75, _KV),
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_compute_efficiency": (0.50, "uncalibrated: a typical share of dense tensor peak for FP16 GEMMs"),
         "prefill_attn_efficiency": (0.50, "uncalibrated: same as the matmul efficiency"),

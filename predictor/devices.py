@@ -36,6 +36,9 @@ NULLABLE_FIGURES = ("usable_gib", "bandwidth_gbs", "fp16_tflops", "tdp_w", "pric
 class Device:
     """One device. Memory in GiB, bandwidth in GB/s, compute in dense FP16 tensor TFLOPS.
 
+    ``fp16_tflops`` is the FP16 tensor rate with FP32 accumulate; ``fp16_acc16_tflops`` the rate with FP16
+    accumulate, given only where it differs (GeForce cards: twice).
+
     ``bandwidth_gbs`` and ``fp16_tflops`` are None only where no public source gives the figure;
     ``notes`` then says so. ``usable_gib`` is set only where a documented rule caps what an engine
     may allocate (macOS GPU wired limit, AMD Variable Graphics Memory); otherwise the predictor
@@ -61,6 +64,15 @@ class Device:
     aliases: tuple[str, ...]
     sources: dict[str, str] = field(hash=False)
     notes: dict[str, str] = field(default_factory=dict, hash=False)
+    fp16_acc16_tflops: float | None = None  # dense FP16 tensor rate with FP16 accumulate, where it differs
+
+    def matmul_tflops(self, engine: str) -> float | None:
+        """The peak an engine's prefill matmuls run against: llama.cpp's CUDA kernels multiply in FP16 with
+        FP16 accumulate (twice the FP32-accumulate rate on GeForce cards); vLLM's BF16/FP16 GEMMs
+        accumulate in FP32 (``fp16_tflops``)."""
+        if engine == "llama.cpp" and self.fp16_acc16_tflops is not None:
+            return self.fp16_acc16_tflops
+        return self.fp16_tflops
 
     @property
     def family(self) -> str:
@@ -101,6 +113,7 @@ def _device_from_record(record: dict) -> Device:
         cloud_usd_per_hour=_optional_float(record["cloud_usd_per_hour"]),
         engines=tuple(record["engines"]), aliases=tuple(record["aliases"]),
         sources=dict(record["sources"]), notes=dict(record.get("notes", {})),
+        fp16_acc16_tflops=_optional_float(record.get("fp16_acc16_tflops")),
     )
     problems = _record_problems(device)
     if problems:
@@ -132,6 +145,11 @@ def _record_problems(device: Device) -> list[str]:
     for name in ("bandwidth_gbs", "fp16_tflops"):
         if getattr(device, name) is None and name not in device.notes:
             problems.append(f"{name} is null without a note saying why")
+    if device.fp16_acc16_tflops is not None:
+        if device.fp16_acc16_tflops <= 0 or device.fp16_tflops is None or device.fp16_acc16_tflops < device.fp16_tflops:
+            problems.append("fp16_acc16_tflops must be positive and at least fp16_tflops")
+        if "fp16_acc16_tflops" not in device.sources:
+            problems.append("fp16_acc16_tflops has no source")
     if device.usable_gib is not None and device.usable_gib > device.memory_gib:
         problems.append("usable_gib exceeds memory_gib")
     return problems

@@ -116,7 +116,8 @@ def evaluate(
     # Weights streamed per step: the active layers and the LM head; the part on the host is read there.
     step_w = tp.decode_weight_bytes_per_step(arch, total_w, batch)
     step_dev = (1.0 - frac) * (step_w - out_w) + np.where(out_on_device, out_w, 0.0)
-    kv_read = mem.kv_cache_bytes(arch, ctx_now, batch, kv_bytes_per_element, "llama.cpp")
+    kv_read = (mem.kv_cache_bytes(arch, ctx_now, batch, kv_bytes_per_element, "llama.cpp")
+               * mem.attention_kv_read_factor(arch, engine, flash_attn))
     bw = _arr(bandwidth_gbs)
     step_s = tp.decode_step_seconds(
         arch,
@@ -250,7 +251,8 @@ class Estimate:
                 "id": d.id, "name": d.name, "kind": d.kind, "count": self.device_count,
                 "memory_gib": round(d.memory_gib, 2),
                 "usable_gib": round(v["usable_bytes"] / GIB, 2),
-                "bandwidth_gbs": d.bandwidth_gbs, "fp16_tflops": d.fp16_tflops, "family": d.family,
+                "bandwidth_gbs": d.bandwidth_gbs, "fp16_tflops": d.fp16_tflops,
+                "matmul_tflops": d.matmul_tflops(self.engine), "family": d.family,
                 "cloud_usd_per_hour": price,
             },
             "engine": self.engine,
@@ -319,14 +321,15 @@ def require_bits(quant: QuantFormat, exact_weights_bytes: float | None) -> None:
         raise BenchcalError(f"{quant.id} is a per-model mix with no fixed bits per weight: pass its GGUF file as --model")
 
 
-def device_kwargs(device: Device) -> dict[str, Any]:
-    """The device's figures as keyword arguments of ``evaluate``."""
+def device_kwargs(device: Device, engine: str) -> dict[str, Any]:
+    """The device's figures as keyword arguments of ``evaluate`` for ``engine`` (whose matmul peak may differ)."""
+    tflops = device.matmul_tflops(engine)
     return {
         "memory_gib": device.memory_gib,
         "usable_gib": np.nan if device.usable_gib is None else device.usable_gib,
         "kind": device.kind,
         "bandwidth_gbs": np.nan if device.bandwidth_gbs is None else device.bandwidth_gbs,
-        "tflops": np.nan if device.fp16_tflops is None else device.fp16_tflops,
+        "tflops": np.nan if tflops is None else tflops,
     }
 
 
@@ -390,7 +393,7 @@ def predict(
     host_bw = float(host_bandwidth_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else DEFAULT_HOST_BANDWIDTH_GBS))
     values = evaluate(
         arch, eng, cset,
-        **device_kwargs(dev),
+        **device_kwargs(dev, eng),
         bits_per_weight=q.bits_per_weight,
         bits_per_weight_non_expert=q.bits_per_weight_non_expert,
         exact_weights_bytes=exact,
@@ -409,7 +412,7 @@ def predict(
         # runs: the most layers that fit on the device, the rest in host RAM.
         layers = arch.num_layers
         throughput_offload = 1.0 - min(scalars["max_gpu_layers"], layers) / layers
-        rerun = evaluate(arch, eng, cset, **device_kwargs(dev), bits_per_weight=q.bits_per_weight,
+        rerun = evaluate(arch, eng, cset, **device_kwargs(dev, eng), bits_per_weight=q.bits_per_weight,
                          bits_per_weight_non_expert=q.bits_per_weight_non_expert, exact_weights_bytes=exact,
                          kv_bytes_per_element=kv.bytes_per_element, context=context, batch=batch,
                          prompt_tokens=prompt_tokens, device_count=device_count,

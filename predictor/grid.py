@@ -50,7 +50,7 @@ def sweep(
     D = len(devices)
     col = (slice(None), None, None, None)
     coeffs = {k: v[col] for k, v in coefficient_arrays(table, engine, devices).items()}
-    per_device = [device_kwargs(d) for d in devices]  # the same inputs predict() passes, one row per device
+    per_device = [device_kwargs(d, engine) for d in devices]  # the same inputs predict() passes, one row per device
     dev = {key: np.array([kw[key] for kw in per_device])[col] for key in per_device[0]}
     q = (None, slice(None), None, None)
     bpw = np.array([qf.bits_per_weight for qf in quants])[q]

@@ -1,8 +1,9 @@
 """Throughput formulas: decode step time, prefill time, TTFT.
 
-Decode (DESIGN.md): time per step = fixed + per-layer fixed * L + bytes read / (eta_bw * BW),
-where bytes read = active weights + KV read at the current context; a batch of B sequences reads
-the weights once per step. Layers offloaded to the host are read at host bandwidth. Tensor
+Decode (DESIGN.md): time per step = fixed + per-layer fixed * L + weight bytes / (eta_bw * BW)
++ KV bytes read / (eta_kv * BW), where the weights are the active ones (a batch of B sequences reads
+them once per step) and the KV read is the cache at the current context, times the number of times
+the engine's attention reads it (:func:`predictor.memory.attention_kv_read_factor`). Layers offloaded to the host are read at host bandwidth. Tensor
 parallelism splits bytes over N devices and adds two all-reduces per layer.
 
 Prefill: time = fixed + per ubatch max(weights / (eta_bw * BW), matmul FLOPs / (eta_fl * FLOPS))
@@ -61,8 +62,9 @@ def decode_step_seconds(
     """
     n = np.asarray(device_count, float)
     split = n if tensor_parallel else 1.0
-    device_bytes = (np.asarray(device_weight_bytes, float) + np.asarray(kv_read_bytes, float)) / split
-    t_device = device_bytes / (coeffs["decode_bw_efficiency"] * np.asarray(bandwidth_gbs, float) * GB)
+    bw = np.asarray(bandwidth_gbs, float) * GB
+    t_device = (np.asarray(device_weight_bytes, float) / split / (coeffs["decode_bw_efficiency"] * bw)
+                + np.asarray(kv_read_bytes, float) / split / (coeffs["decode_kv_efficiency"] * bw))
     t_host = np.asarray(host_weight_bytes, float) / (
         coeffs["host_bw_efficiency"] * np.asarray(host_bandwidth_gbs, float) * GB
     )

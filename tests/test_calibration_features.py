@@ -42,7 +42,7 @@ def test_decode_feature_matches_one_predict_call(fixture_dir):
     row = block.meta.iloc[0]
     estimate = predictor_predict(row["model"], row["device_id"], row["quant"], int(row["context"]),
                                  prompt_tokens=int(row["decode_context"]), coefficients=Coefficients(),
-                                 launch=False)
+                                 flash_attn=bool(row["flash_attn"]), launch=False)
     assert predict(dataset, Coefficients())["decode"][0] == pytest.approx(estimate.values["decode_step_s"], rel=1e-12)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from predictor import devices as dev
@@ -219,3 +221,19 @@ def test_filled_fp16_figures_carry_their_source(device_id, tflops):
     device = resolve_device(device_id)
     assert device.fp16_tflops == pytest.approx(tflops)
     assert device.sources["fp16_tflops"].startswith("https://")
+
+
+def test_fp16_accumulate_rates_are_geforce_only_sourced_and_twice_the_fp32_accumulate_rate():
+    listed = [d for d in load_devices() if d.fp16_acc16_tflops is not None]
+    assert len(listed) >= 20
+    for d in listed:
+        assert d.vendor == "nvidia" and d.form_factor == "desktop-card", d.id
+        assert d.fp16_acc16_tflops == pytest.approx(2 * d.fp16_tflops, abs=0.05), d.id
+        assert d.sources["fp16_acc16_tflops"].startswith("https://") and "fp16_acc16_tflops" in d.notes
+
+
+def test_an_fp16_accumulate_rate_below_the_fp32_accumulate_rate_is_refused():
+    record = next(r for r in json.loads(dev.DEVICES_PATH.read_text()) if r["id"] == "rtx-4090")
+    record = {**record, "fp16_acc16_tflops": 100.0}
+    with pytest.raises(ValueError, match="fp16_acc16_tflops"):
+        dev._device_from_record(record)

@@ -86,6 +86,31 @@ def test_flash_attention_off_grows_the_compute_buffer_with_context():
     assert extra == pytest.approx(512 * 32768 * 28 * 4)
 
 
+def test_without_flash_attention_llama_cpp_reads_the_kv_once_per_query_head():
+    # Llama-3-8B: 32 query heads share 8 K/V heads; the non-flash-attention path of llama.cpp multiplies
+    # head by head, so each cached K/V row is read 4 times per step. Flash attention and vLLM read it once.
+    arch = resolve_model("llama-3-8b")
+    coeffs = {"decode_fixed_ms": 0.0, "decode_fixed_per_layer_us": 0.0, "decode_bw_efficiency": 1e200,
+              "decode_kv_efficiency": 1.0}
+    table = Coefficients({"engines": {e: {"default": dict(coeffs)} for e in ("llama.cpp", "vllm")}})
+    kv = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 2 * 4096  # f16 K and V at 4096 tokens
+    bw = resolve_device("rtx-4090").bandwidth_gbs * 1e9
+    for engine, quant, flash, reads in (("llama.cpp", "Q4_K_M", False, 4), ("llama.cpp", "Q4_K_M", True, 1),
+                                        ("vllm", "BF16", False, 1)):
+        est = predict(arch, "rtx-4090", quant, 8192, engine, prompt_tokens=4096, flash_attn=flash,
+                      coefficients=table, launch=False)
+        assert est.values["decode_step_s"] == pytest.approx(reads * kv / bw, rel=1e-9), (engine, flash)
+
+
+def test_llama_cpp_prefill_runs_at_the_fp16_accumulate_rate_on_geforce_cards():
+    geforce, pro = resolve_device("rtx-4090"), resolve_device("rtx-6000-ada")
+    assert geforce.matmul_tflops("llama.cpp") == pytest.approx(2 * geforce.fp16_tflops)
+    assert geforce.matmul_tflops("vllm") == geforce.fp16_tflops
+    assert pro.matmul_tflops("llama.cpp") == pro.matmul_tflops("vllm") == pro.fp16_tflops
+    slow = predict("llama-3-8b", "rtx-4090", "F16", 8192, "llama.cpp", prompt_tokens=4096, coefficients=None)
+    assert slow.to_dict()["gpu"]["matmul_tflops"] == pytest.approx(330.4)
+
+
 def test_moe_decode_reads_active_experts_only():
     est = predict("qwen3-30b-a3b", "rtx-4090", "Q4_K_M", 4096, coefficients=None)
     dense = predict("qwen3-32b", "rtx-4090", "Q4_K_M", 4096, coefficients=None)
