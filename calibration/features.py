@@ -315,7 +315,8 @@ def descriptive_columns(frame: pd.DataFrame, inputs: Inputs | None = None) -> pd
             "layers": arch.num_layers,
             "vocab_size": arch.vocab_size,
             "weights_bytes_total": weights,
-            "decode_weight_bytes": float(tp.decode_weight_bytes_per_step(arch, weights, spec["batch"])),
+            "decode_weight_bytes": float(tp.decode_weight_bytes_per_step(
+                arch, weights, spec["batch"], spec["bits_per_weight"], spec["bits_per_weight_non_expert"])),
             "kv_read_bytes": float(mem.kv_cache_bytes(arch, ctx_now, spec["batch"], spec["kv_bytes_per_element"])),
             "kv_cache_bytes": float(mem.kv_cache_bytes(arch, spec["context"], spec["batch"],
                                                        spec["kv_bytes_per_element"], spec["engine"])),

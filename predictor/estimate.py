@@ -80,8 +80,8 @@ def evaluate(
     total_w = mem.weights_bytes(arch, bits_per_weight, bits_per_weight_non_expert)
     if exact_weights_bytes is not None:
         total_w = _arr(exact_weights_bytes) + np.zeros_like(total_w)
-    embd_w = mem.embedding_bytes(arch, total_w)
-    out_w = mem.output_bytes(arch, total_w)
+    embd_w = mem.embedding_bytes(arch, total_w, bits_per_weight, bits_per_weight_non_expert)
+    out_w = mem.output_bytes(arch, total_w, bits_per_weight, bits_per_weight_non_expert)
     # llama.cpp keeps the input embedding on the host (untied models); vLLM keeps everything on the GPU.
     host_embd = embd_w if (engine == "llama.cpp" and arch.params_output) else 0.0
     layer_w = total_w - embd_w - (out_w if arch.params_output else 0.0)
@@ -114,7 +114,7 @@ def evaluate(
     tensor_parallel = engine == "vllm"
     ctx_now = np.minimum(_arr(prompt_tokens), _arr(context))
     # Weights streamed per step: the active layers and the LM head; the part on the host is read there.
-    step_w = tp.decode_weight_bytes_per_step(arch, total_w, batch)
+    step_w = tp.decode_weight_bytes_per_step(arch, total_w, batch, bits_per_weight, bits_per_weight_non_expert)
     step_dev = (1.0 - frac) * (step_w - out_w) + np.where(out_on_device, out_w, 0.0)
     kv_read = (mem.kv_cache_bytes(arch, ctx_now, batch, kv_bytes_per_element, "llama.cpp")
                * mem.attention_kv_read_factor(arch, engine, flash_attn))

@@ -40,15 +40,34 @@ def cpu_repack_bytes(layer_weights_bytes, repacked):
     return np.where(np.asarray(repacked, bool), layer_weights_bytes, 0.0)
 
 
-def embedding_bytes(arch: ModelArch, total_weights_bytes):
-    """Bytes of the input embedding table, assuming it shares the file's average width."""
-    return total_weights_bytes * (arch.params_embedding / arch.params_total)
+def bytes_per_param(arch: ModelArch, total_weights_bytes, bits_per_weight=None, bits_per_weight_non_expert=None):
+    """(routed-expert, other) bytes per parameter of a file of ``total_weights_bytes``.
+
+    Formats that quantize only the MoE experts (MXFP4) fix the experts' width (4.25 bits); the rest of
+    the file is the other tensors (BF16 in the checkpoint, Q8_0 in some GGUF files: a file's size says
+    which). Otherwise both parts have the file's average width.
+    """
+    total = np.asarray(total_weights_bytes, float)
+    average = total / arch.params_total
+    if bits_per_weight_non_expert is None or bits_per_weight is None or not arch.params_expert:
+        return average, average
+    expert = np.asarray(bits_per_weight, float) / 8.0
+    other = (total - arch.params_expert * expert) / (arch.params_total - arch.params_expert)
+    expert, other = np.broadcast_arrays(expert, np.maximum(other, 0.0))
+    return expert, other
 
 
-def output_bytes(arch: ModelArch, total_weights_bytes):
+def embedding_bytes(arch: ModelArch, total_weights_bytes, bits_per_weight=None, bits_per_weight_non_expert=None):
+    """Bytes of the input embedding table: the file's average width, or the non-expert width (MXFP4)."""
+    _, other = bytes_per_param(arch, total_weights_bytes, bits_per_weight, bits_per_weight_non_expert)
+    return arch.params_embedding * other
+
+
+def output_bytes(arch: ModelArch, total_weights_bytes, bits_per_weight=None, bits_per_weight_non_expert=None):
     """Bytes of the LM head (the embedding table again when tied: engines keep a device copy)."""
     params = arch.params_output if arch.params_output else arch.params_embedding
-    return total_weights_bytes * (params / arch.params_total)
+    _, other = bytes_per_param(arch, total_weights_bytes, bits_per_weight, bits_per_weight_non_expert)
+    return params * other
 
 
 def kv_cache_bytes(arch: ModelArch, context, batch, kv_bytes_per_element, engine: str = "llama.cpp"):

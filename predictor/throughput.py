@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from predictor import memory as mem
 from predictor.architecture import ModelArch
 
 GB = 1e9
@@ -32,14 +33,16 @@ def moe_active_fraction(arch: ModelArch, batch):
     return 1.0 - (1.0 - k / e) ** np.asarray(batch, float)
 
 
-def decode_weight_bytes_per_step(arch: ModelArch, total_weights_bytes, batch):
-    """Weight bytes streamed per decode step: active parameters, plus the experts a batch touches."""
-    bytes_per_param = total_weights_bytes / arch.params_total
+def decode_weight_bytes_per_step(arch: ModelArch, total_weights_bytes, batch, bits_per_weight=None,
+                                 bits_per_weight_non_expert=None):
+    """Weight bytes streamed per decode step: active parameters, plus the experts a batch touches
+    (each part at its own width when the format quantizes the experts only)."""
+    expert_bpp, other_bpp = mem.bytes_per_param(arch, total_weights_bytes, bits_per_weight, bits_per_weight_non_expert)
     if not arch.num_experts:
-        return arch.params_active * bytes_per_param
+        return arch.params_active * other_bpp
     dense_active = arch.params_active - arch.params_expert * arch.experts_per_token / arch.num_experts
     expert_params = arch.params_expert * moe_active_fraction(arch, batch)
-    return (dense_active + expert_params) * bytes_per_param
+    return dense_active * other_bpp + expert_params * expert_bpp
 
 
 def decode_step_seconds(

@@ -117,6 +117,22 @@ def test_moe_decode_reads_active_experts_only():
     assert est.values["decode_tok_s"] > 4 * dense.values["decode_tok_s"]
 
 
+def test_mxfp4_experts_keep_their_width_and_the_rest_of_a_file_is_the_dense_part():
+    # gpt-oss-20b: MXFP4 experts (4.25 bits); the other tensors take the rest of the file. ggml-org's GGUF
+    # (12.1e9 bytes) leaves about 8.5 bits per non-expert weight (Q8_0), the checkpoint's BF16 gives 16.
+    from predictor import memory as mem
+    from predictor import throughput as tp
+    arch = resolve_model("gpt-oss-20b")
+    expert, other = mem.bytes_per_param(arch, 12.1e9, 4.25, 16.0)
+    assert float(expert) == pytest.approx(4.25 / 8)
+    assert float(other) * 8 == pytest.approx(8.5, abs=0.5)
+    full = mem.weights_bytes(arch, 4.25, 16.0)
+    assert [float(x) * 8 for x in mem.bytes_per_param(arch, full, 4.25, 16.0)] == pytest.approx([4.25, 16.0])
+    average = 12.1e9 / arch.params_total
+    step = tp.decode_weight_bytes_per_step(arch, 12.1e9, 1, 4.25, 16.0)
+    assert float(step) > 1.15 * arch.params_active * average  # the dense part is read at its wider width
+
+
 def test_vllm_launch_command_derives_gpu_memory_utilization_from_the_need():
     est = predict("qwen2.5-7b", "h100-sxm", "BF16", 8192, "vllm", coefficients=None)
     util = float(est.launch["vllm"].split("--gpu-memory-utilization ")[1].split()[0])
