@@ -176,6 +176,11 @@ def prefill_rows(base: dict[str, Any], record: dict[str, Any]) -> list[dict[str,
         ttft_ms = _summary_value(point.get("ttft_ms"))
         if rate is None and ttft_ms is None:
             continue
+        depth = int(point.get("context_at_start") or 0)
+        reason = exclude_reason(base, "prefill")
+        if depth and not reason:
+            # The model describes a prompt processed from an empty cache (attention over n^2/2 positions).
+            reason = f"prompt processed after {depth} tokens already in the cache (llama-bench @ d{depth})"
         row = dict(base)
         row.update({
             "prompt_tokens": n,
@@ -183,7 +188,7 @@ def prefill_rows(base: dict[str, Any], record: dict[str, Any]) -> list[dict[str,
             "prefill_s": n / rate if rate else None,
             "ttft_s": ttft_ms / 1000.0 if ttft_ms else None,
             "rel_std": _relative_stddev(point.get("prefill_tok_s") or point.get("ttft_ms")),
-            "exclude_reason": exclude_reason(base, "prefill"),
+            "exclude_reason": reason,
         })
         rows.append(row)
     return rows

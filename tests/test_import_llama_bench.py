@@ -125,3 +125,20 @@ def test_manifest_covers_every_file_with_a_url():
                                                                                                    "sources.json")}
     assert files == on_disk
     assert all(e["url"].startswith("https://github.com/") for e in entries)
+
+
+def test_depth_rows_of_llama_cpps_own_benches(tmp_path):
+    # benches/dgx-spark.md: flash attention on, n_ubatch 2048, each test repeated "@ d<depth>".
+    file = DATA / "llama-cpp-benches" / "dgx-spark-qwen2.5-coder-7b-q8_0.md"
+    rows = _load(file)
+    assert len(rows) == 10
+    last = rows[-1]
+    assert (last["n_prompt"], last["n_gen"], last["n_depth"], last["avg_ts"]) == (0, 32, 32768, 22.70)
+    assert (last["flash_attn"], last["n_ubatch"], last["build_number"]) == (True, 2048, 6918)
+    written, _ = import_llama_bench(file, model="qwen2.5-7b", runs_dir=tmp_path, gpu="dgx-spark")
+    assert len(written) == 10
+    obs = load_observations(tmp_path)
+    assert sorted(obs.decode["decode_context"]) == [16.0, 4112.0, 8208.0, 16400.0, 32784.0]
+    prefill = obs.prefill.set_index("context")
+    assert not isinstance(prefill.loc[2048 + 0, "exclude_reason"], str)
+    assert "after 4096 tokens" in prefill.loc[2048 + 4096, "exclude_reason"]
