@@ -78,6 +78,7 @@ QUANTITY_TERMS: dict[str, tuple[Term, ...]] = {
         Term("decode_bw_efficiency", True),  # the bandwidth-bound branch of each ubatch (held from decode)
         Term("prefill_compute_efficiency", True),
         Term("prefill_attn_efficiency", True),
+        Term("prefill_scores_efficiency", True),
     ),
     "memory": (
         Term("runtime_fixed_gib", False),

@@ -20,7 +20,9 @@ Names and units (every coefficient is physical so a fitted table can be read):
 - ``decode_kv_efficiency``       achieved / peak memory bandwidth while attention reads the KV cache, 0-1
 - ``prefill_fixed_ms``           fixed time per prompt, ms
 - ``prefill_compute_efficiency`` achieved / peak dense FP16 FLOPS for the weight matmuls, 0-1 (CPU: of measured FLOPS)
-- ``prefill_attn_efficiency``    achieved / peak FLOPS for attention (grows with n^2), 0-1
+- ``prefill_attn_efficiency``    achieved / peak FLOPS for attention (grows with n^2), 0-1 (flash attention, vLLM)
+- ``prefill_scores_efficiency``  achieved / peak bandwidth writing the f32 attention scores once, 0-1 (llama.cpp
+                                 without flash attention: the scores go through memory several times)
 - ``runtime_fixed_gib``          engine + driver context (CUDA context, allocator pools, interpreter on CPU), GiB
 - ``compute_buffer_scale``       multiplier on the analytical activation/compute buffer, dimensionless
 - ``reserve_gib``                device memory kept free for driver/display/OS, GiB (discrete GPUs)
@@ -49,6 +51,7 @@ COEFFICIENT_NAMES = (
     "prefill_fixed_ms",
     "prefill_compute_efficiency",
     "prefill_attn_efficiency",
+    "prefill_scores_efficiency",
     "runtime_fixed_gib",
     "compute_buffer_scale",
     "reserve_gib",
@@ -61,6 +64,8 @@ COEFFICIENT_NAMES = (
 
 _CALC = "uncalibrated: a constant share of peak bandwidth, as public VRAM calculators assume (0.65-0.87)"
 _KV = "uncalibrated: the same share of peak bandwidth as the weights (calculators do not separate the two)"
+_SCORES = ("uncalibrated: the f32 scores are written, read by the softmax, written and read again: four "
+           "passes at peak bandwidth")
 _DESIGN = "uncalibrated: a CUDA context and allocator pools take about 100-600 MiB depending on the GPU"
 
 # Uncalibrated defaults. Each value says where it comes from; calibration replaces them.
@@ -73,6 +78,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_compute_efficiency": (0.40, "uncalibrated: a typical share of dense tensor peak for quantized matmuls"),
         "prefill_attn_efficiency": (0.40, "uncalibrated: same as the matmul efficiency"),
+        "prefill_scores_efficiency": (0.25, _SCORES),
         "runtime_fixed_gib": (0.35, _DESIGN + "; midpoint"),
         "compute_buffer_scale": (1.0, "analytical buffer sizes of llama.cpp's graph (logits, FFN, attention scores)"),
         "reserve_gib": (0.5, "uncalibrated: driver/display reserve on a discrete GPU"),
@@ -90,6 +96,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_compute_efficiency": (0.50, "uncalibrated: a typical share of dense tensor peak for FP16 GEMMs"),
         "prefill_attn_efficiency": (0.50, "uncalibrated: same as the matmul efficiency"),
+        "prefill_scores_efficiency": (0.25, _SCORES),
         "runtime_fixed_gib": (0.50, _DESIGN + "; upper half (torch + CUDA context)"),
         "compute_buffer_scale": (1.0, "analytical activation peak of vLLM's profile run"),
         "reserve_gib": (0.5, "uncalibrated: driver/display reserve on a discrete GPU"),

@@ -141,6 +141,7 @@ def evaluate(
         host_weight_bytes=np.where(on_gpu, host_w - host_embd, 0.0),
         bandwidth_gbs=bw,
         tflops=tflops,
+        scores_in_memory=np.logical_and(engine == "llama.cpp", np.logical_not(np.asarray(flash_attn, bool))),
         device_count=n_dev,
         tensor_parallel=tensor_parallel,
     )

@@ -3,11 +3,13 @@
 Decode (DESIGN.md): time per step = fixed + per-layer fixed * L + weight bytes / (eta_bw * BW)
 + KV bytes read / (eta_kv * BW), where the weights are the active ones (a batch of B sequences reads
 them once per step) and the KV read is the cache at the current context, times the number of times
-the engine's attention reads it (:func:`predictor.memory.attention_kv_read_factor`). Layers offloaded to the host are read at host bandwidth. Tensor
-parallelism splits bytes over N devices and adds two all-reduces per layer.
+the engine's attention reads it (:func:`predictor.memory.attention_kv_read_factor`). Layers offloaded to
+the host are read at host bandwidth. Tensor parallelism splits bytes over N devices and adds two
+all-reduces per layer.
 
 Prefill: time = fixed + per ubatch max(weights / (eta_bw * BW), matmul FLOPs / (eta_fl * FLOPS))
-+ attention FLOPs (n^2) / (eta_attn * FLOPS). Times are seconds; inputs are scalars or arrays.
++ attention: FLOPs (n^2) / (eta_attn * FLOPS), or, for llama.cpp without flash attention, the f32 scores
+it writes to memory / (eta_scores * BW). Times are seconds; inputs are scalars or arrays.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ def prefill_seconds(
     host_weight_bytes,
     bandwidth_gbs,
     tflops,
+    scores_in_memory=False,
     device_count=1,
     tensor_parallel: bool = True,
 ):
@@ -131,6 +134,12 @@ def prefill_seconds(
         coeffs["decode_bw_efficiency"] * np.asarray(bandwidth_gbs, float) * GB
     )
     t_mm = prefill_matmul_flops(arch, n) / (coeffs["prefill_compute_efficiency"] * peak)
-    t_attn = prefill_attention_flops(arch, n) / (coeffs["prefill_attn_efficiency"] * peak)
+    attn_flops = prefill_attention_flops(arch, n)
+    # Without flash attention, llama.cpp writes the f32 scores (one per head and query-key pair) to memory
+    # and reads them back for the softmax and for V: that traffic, not the FLOPs, sets the pace.
+    scores_bytes = attn_flops / (4.0 * arch.head_dim) * 4.0 / split
+    t_attn = np.where(np.asarray(scores_in_memory, bool),
+                      scores_bytes / (coeffs["prefill_scores_efficiency"] * np.asarray(bandwidth_gbs, float) * GB),
+                      attn_flops / (coeffs["prefill_attn_efficiency"] * peak))
     t_pcie = n_ub * np.asarray(host_weight_bytes, float) / (coeffs["pcie_gbs"] * GB)
     return coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie

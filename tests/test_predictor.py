@@ -114,6 +114,23 @@ def test_llama_cpp_prefill_runs_at_the_fp16_accumulate_rate_on_geforce_cards():
     assert slow.to_dict()["gpu"]["matmul_tflops"] == pytest.approx(330.4)
 
 
+def test_llama_cpp_attention_without_flash_attention_moves_the_scores_through_memory():
+    # Without -fa the f32 scores (heads x n^2/2 for a causal prompt) are written to memory: their time
+    # follows bandwidth, not FLOPS. With flash attention the n^2 term is FLOPs at the attention efficiency.
+    from predictor import throughput as tp
+    arch = resolve_model("llama-3-8b")
+    off = 1e200
+    coeffs = {"decode_bw_efficiency": off, "prefill_compute_efficiency": off, "prefill_fixed_ms": 0.0,
+              "pcie_gbs": 25.0, "prefill_attn_efficiency": 0.5, "prefill_scores_efficiency": 0.25}
+    kwargs = {"prompt_tokens": 4096, "n_ubatch": 512, "device_weight_bytes": 0.0, "host_weight_bytes": 0.0,
+              "bandwidth_gbs": 1000.0, "tflops": 100.0}
+    scores = arch.num_attention_heads * arch.num_layers * 4096 * 4096 / 2 * 4  # f32 bytes
+    memory = tp.prefill_seconds(arch, coeffs, scores_in_memory=True, **kwargs)
+    assert float(memory) == pytest.approx(scores / (0.25 * 1000e9))
+    flash = tp.prefill_seconds(arch, coeffs, scores_in_memory=False, **kwargs)
+    assert float(flash) == pytest.approx(float(tp.prefill_attention_flops(arch, 4096)) / (0.5 * 100e12))
+
+
 def test_moe_decode_reads_active_experts_only():
     est = predict("qwen3-30b-a3b", "rtx-4090", "Q4_K_M", 4096, coefficients=None)
     dense = predict("qwen3-32b", "rtx-4090", "Q4_K_M", 4096, coefficients=None)
