@@ -141,7 +141,7 @@ def evaluate(
         host_weight_bytes=np.where(on_gpu, host_w - host_embd, 0.0),
         bandwidth_gbs=bw,
         tflops=tflops,
-        scores_in_memory=np.logical_and(engine == "llama.cpp", np.logical_not(np.asarray(flash_attn, bool))),
+        scores_in_memory=mem.attention_through_memory(engine, flash_attn),
         device_count=n_dev,
         tensor_parallel=tensor_parallel,
     )

@@ -84,19 +84,25 @@ def kv_cache_bytes(arch: ModelArch, context, batch, kv_bytes_per_element, engine
     return elements * np.asarray(batch, float) * np.asarray(kv_bytes_per_element, float)
 
 
+def attention_through_memory(engine: str, flash_attn):
+    """True where attention runs as ordinary matrix products: llama.cpp without flash attention. Its f32
+    scores then go through memory (prefill) and each query head reads its K/V rows itself (decode);
+    flash attention (llama.cpp ``-fa``) and vLLM's paged attention do neither."""
+    return np.logical_and(engine == "llama.cpp", np.logical_not(np.asarray(flash_attn, bool)))
+
+
 def attention_kv_read_factor(arch: ModelArch, engine: str, flash_attn):
     """How many times one decode step reads each cached K/V element.
 
-    llama.cpp without flash attention multiplies K and V by the queries head by head: a grouped-query
-    model's K/V head is read once for each of the ``num_attention_heads / num_kv_heads`` query heads
-    that share it (``ggml_mul_mat`` broadcasts over the head dimension). Flash attention (llama.cpp
-    ``-fa``) and vLLM's paged attention read each K/V head once per step. MLA caches one latent per
-    token: factor 1.
+    Attention through memory (:func:`attention_through_memory`) multiplies K and V by the queries head by
+    head: a grouped-query model's K/V head is read once for each of the ``num_attention_heads /
+    num_kv_heads`` query heads that share it (``ggml_mul_mat`` broadcasts over the head dimension).
+    Otherwise each K/V head is read once per step. MLA caches one latent per token: factor 1.
     """
-    if engine != "llama.cpp" or arch.is_mla or not arch.num_kv_heads:
-        return np.ones(np.shape(flash_attn)) if np.ndim(flash_attn) else 1.0
+    if arch.is_mla or not arch.num_kv_heads:
+        return 1.0
     group = arch.num_attention_heads / arch.num_kv_heads
-    return np.where(np.asarray(flash_attn, bool), 1.0, group)
+    return np.where(attention_through_memory(engine, flash_attn), group, 1.0)
 
 
 def llama_compute_buffer_bytes(arch: ModelArch, context, n_ubatch, flash_attn, batch=1):

@@ -130,16 +130,16 @@ def prefill_seconds(
     n_ub = np.ceil(n / ub)
     split = np.asarray(device_count, float) if tensor_parallel else 1.0
     peak = np.asarray(tflops, float) * TFLOP * split
-    t_bw = n_ub * np.asarray(device_weight_bytes, float) / split / (
-        coeffs["decode_bw_efficiency"] * np.asarray(bandwidth_gbs, float) * GB
-    )
+    bw = np.asarray(bandwidth_gbs, float) * GB
+    t_bw = n_ub * np.asarray(device_weight_bytes, float) / split / (coeffs["decode_bw_efficiency"] * bw)
     t_mm = prefill_matmul_flops(arch, n) / (coeffs["prefill_compute_efficiency"] * peak)
     attn_flops = prefill_attention_flops(arch, n)
-    # Without flash attention, llama.cpp writes the f32 scores (one per head and query-key pair) to memory
-    # and reads them back for the softmax and for V: that traffic, not the FLOPs, sets the pace.
-    scores_bytes = attn_flops / (4.0 * arch.head_dim) * 4.0 / split
+    # Without flash attention, llama.cpp writes the f32 scores to memory and reads them back for the
+    # softmax and for V: that traffic, not the FLOPs, sets the pace. One score (4 bytes) per head and
+    # query-key pair, which costs 4 x head_dim FLOPs (QK^T and AV): scores bytes = FLOPs / head_dim.
+    scores_bytes = attn_flops / arch.head_dim / split
     t_attn = np.where(np.asarray(scores_in_memory, bool),
-                      scores_bytes / (coeffs["prefill_scores_efficiency"] * np.asarray(bandwidth_gbs, float) * GB),
+                      scores_bytes / (coeffs["prefill_scores_efficiency"] * bw),
                       attn_flops / (coeffs["prefill_attn_efficiency"] * peak))
     t_pcie = n_ub * np.asarray(host_weight_bytes, float) / (coeffs["pcie_gbs"] * GB)
     return coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie

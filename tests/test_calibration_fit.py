@@ -24,10 +24,12 @@ from predictor.estimate import predict as predictor_predict
 FIXTURE_NOTE = "SYNTHETIC TEST FIXTURE: values computed by the predictor's formulas, not measured"
 TRUE_DEVICE_COEFFICIENTS = {
     "rtx-4090": {"decode_fixed_ms": 0.8, "decode_fixed_per_layer_us": 60.0, "decode_bw_efficiency": 0.82,
-                 "decode_kv_efficiency": 0.9, "prefill_fixed_ms": 12.0, "prefill_compute_efficiency": 0.45, "prefill_scores_efficiency": 0.20,
+                 "decode_kv_efficiency": 0.9, "prefill_fixed_ms": 12.0, "prefill_compute_efficiency": 0.45,
+                 "prefill_scores_efficiency": 0.20,
                  "runtime_fixed_gib": 0.42, "compute_buffer_scale": 0.9},
     "a100-sxm-80gb": {"decode_fixed_ms": 1.5, "decode_fixed_per_layer_us": 35.0, "decode_bw_efficiency": 0.55,
-                      "decode_kv_efficiency": 0.7, "prefill_fixed_ms": 20.0, "prefill_compute_efficiency": 0.35, "prefill_scores_efficiency": 0.12,
+                      "decode_kv_efficiency": 0.7, "prefill_fixed_ms": 20.0, "prefill_compute_efficiency": 0.35,
+                      "prefill_scores_efficiency": 0.12,
                       "runtime_fixed_gib": 0.55, "compute_buffer_scale": 1.1},
 }
 FIXTURE_MODELS = ("qwen2.5-0.5b", "llama-3.1-8b", "qwen2.5-14b")  # 24, 32 and 48 layers
