@@ -20,12 +20,14 @@ plain attributes) over a :class:`calibration.features.Features` block.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 from scipy.optimize import lsq_linear
 from sklearn.base import BaseEstimator, RegressorMixin
 
 from calibration.features import Features, Term, combine
+from predictor.models import load_catalogue
 
 MAX_CONDITION = 30.0  # column-normalized condition number above which a design is called degenerate
 TRIM_MADS = 4.0
@@ -45,6 +47,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "decode_fixed_per_layer_us": (0.0, 10000.0),
     "decode_bw_efficiency": (0.02, 1.0),
     "decode_kv_efficiency": (0.02, 1.0),
+    "decode_dequant_flops_per_weight": (0.0, 1000.0),
     "host_bw_efficiency": (0.02, 2.0),
     "prefill_fixed_ms": (0.0, 10000.0),
     "prefill_compute_efficiency": (0.005, 2.0),
@@ -55,8 +58,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
 }
 CPU_UPPER = {"decode_bw_efficiency": 2.0, "prefill_compute_efficiency": 4.0, "prefill_attn_efficiency": 4.0}
 # When the design is degenerate, drop these first (kept last: the efficiencies, the physics).
-DROP_ORDER = ("decode_kv_efficiency", "decode_fixed_per_layer_us", "host_bw_efficiency", "prefill_attn_efficiency",
-              "prefill_scores_efficiency", "prefill_fixed_ms", "decode_fixed_ms", "compute_buffer_scale",
+DROP_ORDER = ("decode_fixed_per_layer_us", "decode_kv_efficiency", "decode_dequant_flops_per_weight",
+              "host_bw_efficiency", "prefill_attn_efficiency", "prefill_scores_efficiency", "prefill_fixed_ms", "decode_fixed_ms", "compute_buffer_scale",
               "runtime_fixed_gib", "prefill_compute_efficiency", "decode_bw_efficiency")
 
 
@@ -180,10 +183,17 @@ def combine_rows(features: Features, rows: np.ndarray, weights: np.ndarray) -> n
     return combine(sub, np.broadcast_to(weights, sub.x.shape))
 
 
+@lru_cache(maxsize=1)
+def min_catalogue_layers() -> int:
+    """Layer count of the shallowest model in the catalogue."""
+    return min(arch.num_layers for arch in load_catalogue())
+
+
 def _relax_fixed_bound(features: Features, rows: np.ndarray, start: np.ndarray, free: np.ndarray,
                        bounds: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """With the per-layer term carried over (not fitted), let the fixed term go negative as long as the
-    total fixed time, fixed + per_layer * L, stays >= 0 at the layer counts of these rows."""
+    total fixed time, fixed + per_layer * L, stays >= 0 at the layer counts of these rows and of the
+    shallowest catalogue model (a scope fitted on 80-layer runs alone must still predict a 16-layer model)."""
     names = [t.name for t in features.terms]
     if "decode_fixed_per_layer_us" not in names:
         return bounds
@@ -191,7 +201,7 @@ def _relax_fixed_bound(features: Features, rows: np.ndarray, start: np.ndarray, 
     if not free[fixed] or free[per_layer] or start[per_layer] <= 0:
         return bounds
     # feature columns: fixed -> 1e-3 s per ms, per-layer -> 1e-6 * L s per us
-    layer_seconds = np.min(features.x[rows, per_layer]) * start[per_layer]
+    layer_seconds = min(float(np.min(features.x[rows, per_layer])), 1e-6 * min_catalogue_layers()) * start[per_layer]
     out = list(bounds)
     out[fixed] = (-layer_seconds / 1e-3, bounds[fixed][1])
     return out

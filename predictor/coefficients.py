@@ -18,6 +18,8 @@ Names and units (every coefficient is physical so a fitted table can be read):
 - ``decode_fixed_per_layer_us``  fixed time per decode step per layer, microseconds (kernel launches)
 - ``decode_bw_efficiency``       achieved / peak memory bandwidth while streaming the weights, 0-1
 - ``decode_kv_efficiency``       achieved / peak memory bandwidth while attention reads the KV cache, 0-1
+- ``decode_dequant_flops_per_weight``  operations per quantized weight unpacked in a decode step, at the device's
+                                 peak FLOPS (unified-memory GPUs: Apple's ALUs run near their bandwidth limit)
 - ``prefill_fixed_ms``           fixed time per prompt, ms
 - ``prefill_compute_efficiency`` achieved / peak dense FP16 FLOPS for the weight matmuls, 0-1 (CPU: of measured FLOPS)
 - ``prefill_attn_efficiency``    achieved / peak FLOPS for attention (grows with n^2), 0-1 (flash attention, vLLM)
@@ -48,6 +50,7 @@ COEFFICIENT_NAMES = (
     "decode_fixed_per_layer_us",
     "decode_bw_efficiency",
     "decode_kv_efficiency",
+    "decode_dequant_flops_per_weight",
     "prefill_fixed_ms",
     "prefill_compute_efficiency",
     "prefill_attn_efficiency",
@@ -64,6 +67,7 @@ COEFFICIENT_NAMES = (
 
 _CALC = "uncalibrated: a constant share of peak bandwidth, as public VRAM calculators assume (0.65-0.87)"
 _KV = "uncalibrated: the same share of peak bandwidth as the weights (calculators do not separate the two)"
+_DEQUANT = "uncalibrated: decode is taken as purely bandwidth bound, as the public calculators assume"
 _SCORES = ("uncalibrated: the f32 scores are written, read by the softmax, written and read again: four "
            "passes at peak bandwidth")
 _DESIGN = "uncalibrated: a CUDA context and allocator pools take about 100-600 MiB depending on the GPU"
@@ -75,6 +79,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "decode_fixed_per_layer_us": (0.0, "uncalibrated: no per-layer term, as the public calculators assume"),
         "decode_bw_efficiency": (0.75, _CALC + "; midpoint"),
         "decode_kv_efficiency": (0.75, _KV),
+        "decode_dequant_flops_per_weight": (0.0, _DEQUANT),
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_compute_efficiency": (0.40, "uncalibrated: a typical share of dense tensor peak for quantized matmuls"),
         "prefill_attn_efficiency": (0.40, "uncalibrated: same as the matmul efficiency"),
@@ -93,6 +98,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "decode_fixed_per_layer_us": (0.0, "uncalibrated: no per-layer term"),
         "decode_bw_efficiency": (0.75, _CALC + "; midpoint"),
         "decode_kv_efficiency": (0.75, _KV),
+        "decode_dequant_flops_per_weight": (0.0, _DEQUANT),
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_compute_efficiency": (0.50, "uncalibrated: a typical share of dense tensor peak for FP16 GEMMs"),
         "prefill_attn_efficiency": (0.50, "uncalibrated: same as the matmul efficiency"),

@@ -119,6 +119,10 @@ def evaluate(
     kv_read = (mem.kv_cache_bytes(arch, ctx_now, batch, kv_bytes_per_element, "llama.cpp")
                * mem.attention_kv_read_factor(arch, engine, flash_attn))
     bw = _arr(bandwidth_gbs)
+    # Quantized weights the device's ALUs unpack per step (its share of the step's weights), on unified-memory
+    # GPUs only: there the listed FLOPS are those ALUs' rate; a discrete GPU's listed peak is its tensor cores'.
+    dequant_w = np.where((_arr(bits_per_weight) < 16.0) & (kind == "unified"),
+                         tp.decode_params_per_step(arch, batch) * step_dev / np.maximum(step_w, 1.0), 0.0)
     step_s = tp.decode_step_seconds(
         arch,
         coeffs,
@@ -131,6 +135,8 @@ def evaluate(
                                     else np.minimum(_arr(host_bandwidth_gbs), coeffs["pcie_gbs"]), bw),
         device_count=n_dev,
         tensor_parallel=tensor_parallel,
+        dequant_weights=dequant_w,
+        tflops=tflops,
     )
     prefill_s = tp.prefill_seconds(
         arch,

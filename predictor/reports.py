@@ -86,7 +86,8 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
         ["Scope", cal["scope"], ""],
         ["Error band", ", ".join(f"{k} ±{v * 100:.0f}%" for k, v in band.items()) or "— (uncalibrated)", ""],
         *[[k, f"{v:g}", cal["coefficient_sources"][k]] for k, v in cal["coefficients"].items()
-          if est.engine == "vllm" or not k.startswith("vllm_")],
+          if (est.engine == "vllm" or not k.startswith("vllm_"))
+          and (k != "decode_dequant_flops_per_weight" or est.device.kind == "unified")],  # where it acts
     ], ["Coefficient", "Value", "Source"])
     # Context scaling.
     rows, xs, totals, decodes = [], [], [], []

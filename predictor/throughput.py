@@ -1,8 +1,9 @@
 """Throughput formulas: decode step time, prefill time, TTFT.
 
 Decode (DESIGN.md): time per step = fixed + per-layer fixed * L + weight bytes / (eta_bw * BW)
-+ KV bytes read / (eta_kv * BW), where the weights are the active ones (a batch of B sequences reads
-them once per step) and the KV read is the cache at the current context, times the number of times
++ KV bytes read / (eta_kv * BW) + quantized weights * ops per weight / FLOPS (unified-memory GPUs, whose
+ALUs unpack weights at a rate close to their bandwidth: ``estimate.evaluate``), where the weights are the
+active ones (a batch of B sequences reads them once per step) and the KV read is the cache at the current context, times the number of times
 the engine's attention reads it (:func:`predictor.memory.attention_kv_read_factor`). Layers offloaded to
 the host are read at host bandwidth. Tensor parallelism splits bytes over N devices and adds two
 all-reduces per layer.
@@ -47,6 +48,15 @@ def decode_weight_bytes_per_step(arch: ModelArch, total_weights_bytes, batch, bi
     return dense_active * other_bpp + expert_params * expert_bpp
 
 
+def decode_params_per_step(arch: ModelArch, batch):
+    """Weights (parameters) one decode step of ``batch`` tokens multiplies: the active ones, plus the
+    routed experts the batch touches."""
+    if not arch.num_experts:
+        return np.asarray(float(arch.params_active)) + np.zeros_like(np.asarray(batch, float))
+    dense_active = arch.params_active - arch.params_expert * arch.experts_per_token / arch.num_experts
+    return dense_active + arch.params_expert * moe_active_fraction(arch, batch)
+
+
 def decode_step_seconds(
     arch: ModelArch,
     coeffs,
@@ -58,11 +68,15 @@ def decode_step_seconds(
     host_bandwidth_gbs,
     device_count=1,
     tensor_parallel: bool = True,
+    dequant_weights=0.0,
+    tflops=None,
 ):
     """Time of one decode step (one token for each sequence of the batch), seconds.
 
     ``device_weight_bytes``/``host_weight_bytes``: weights streamed from device and host memory;
-    ``kv_read_bytes``: KV cache read by the step (all sequences). Tensor parallelism divides the
+    ``kv_read_bytes``: KV cache read by the step (all sequences); ``dequant_weights``: quantized weights
+    the device unpacks in the step, each costing ``decode_dequant_flops_per_weight`` operations at the
+    device's peak ``tflops`` (no term where ``tflops`` is unknown). Tensor parallelism divides the
     device bytes over ``device_count`` devices; layer split (llama.cpp) does not.
     """
     n = np.asarray(device_count, float)
@@ -73,9 +87,18 @@ def decode_step_seconds(
     t_host = np.asarray(host_weight_bytes, float) / (
         coeffs["host_bw_efficiency"] * np.asarray(host_bandwidth_gbs, float) * GB
     )
-    t_fixed = coeffs["decode_fixed_ms"] * 1e-3 + coeffs["decode_fixed_per_layer_us"] * 1e-6 * arch.num_layers
+    # A fitted offset may be negative next to a per-layer term; the total never is.
+    t_fixed = np.maximum(coeffs["decode_fixed_ms"] * 1e-3 + coeffs["decode_fixed_per_layer_us"] * 1e-6 * arch.num_layers,
+                         0.0)
     t_comm = np.where(n > 1, 2.0 * arch.num_layers * coeffs["tp_allreduce_us"] * 1e-6, 0.0) if tensor_parallel else 0.0
-    return t_fixed + t_device + t_host + t_comm
+    t_dequant = 0.0
+    if tflops is not None:
+        peak = np.asarray(tflops, float) * TFLOP
+        with np.errstate(invalid="ignore", divide="ignore"):
+            t_dequant = np.where(np.isfinite(peak) & (peak > 0),
+                                 np.asarray(dequant_weights, float) / split * coeffs["decode_dequant_flops_per_weight"]
+                                 / np.where(peak > 0, peak, 1.0), 0.0)
+    return t_fixed + t_device + t_host + t_comm + t_dequant
 
 
 def lm_head_params(arch: ModelArch) -> int:

@@ -152,3 +152,27 @@ def test_outlier_runs_are_trimmed(tmp_path):
     entry = table["engines"]["llama.cpp"]["devices"]["rtx-4090"]["decode_bw_efficiency"]
     assert entry["n_trimmed"] == 1
     assert entry["value"] == pytest.approx(0.82, rel=1e-2)
+
+
+def test_a_negative_offset_stays_valid_for_the_shallowest_catalogue_model():
+    # A scope fitted on 80-layer runs alone with the per-layer term carried over may take a negative fixed
+    # offset, but fixed + per_layer x L must stay >= 0 down to the shallowest catalogue model (16 layers),
+    # not only at the 80 layers it saw: otherwise it predicts an 8B model's step with a negative fixed time.
+    from calibration.features import QUANTITY_TERMS, Features
+    from calibration.fit import _relax_fixed_bound, min_catalogue_layers, weight_bounds
+
+    terms = QUANTITY_TERMS["decode"]
+    names = [t.name for t in terms]
+    fixed, per_layer = names.index("decode_fixed_ms"), names.index("decode_fixed_per_layer_us")
+    x = np.zeros((3, len(terms)))
+    x[:, fixed] = 1e-3
+    x[:, per_layer] = 1e-6 * 80
+    features = Features("decode", terms, np.zeros(3), x, np.ones(3, bool))
+    start = np.zeros(len(terms))
+    start[per_layer] = 100.0  # us per layer, carried over from the parent scope
+    free = np.zeros(len(terms), bool)
+    free[fixed] = True
+    bounds = [weight_bounds(t, cpu=False) for t in terms]
+    relaxed = _relax_fixed_bound(features, np.arange(3), start, free, bounds)
+    assert min_catalogue_layers() == 16
+    assert relaxed[fixed][0] == pytest.approx(-100.0 * 16 / 1000.0)

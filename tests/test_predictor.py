@@ -105,6 +105,38 @@ def test_without_flash_attention_llama_cpp_reads_the_kv_once_per_query_head():
         assert est.values["decode_step_s"] == pytest.approx(reads * kv / bw, rel=1e-9), (engine, flash)
 
 
+def test_unified_memory_gpus_pay_for_unpacking_quantized_weights():
+    # Apple GPUs (no matrix units; FP16 at the ALU rate) unpack each quantized weight in the decode matvec
+    # at a rate close to their bandwidth: decode_dequant_flops_per_weight operations per weight at the listed
+    # FLOPS. Not for 16-bit weights, not on discrete GPUs (their listed peak is the tensor cores'), and not
+    # where the catalogue has no FLOPS figure (M3 Max).
+    arch = resolve_model("llama-3-8b")
+    coeffs = {"decode_fixed_ms": 0.0, "decode_fixed_per_layer_us": 0.0, "decode_bw_efficiency": 1e200,
+              "decode_kv_efficiency": 1e200, "decode_dequant_flops_per_weight": 12.0}
+    table = Coefficients({"engines": {"llama.cpp": {"default": dict(coeffs)}}})
+
+    def step(device, quant):
+        return predict(arch, device, quant, 4096, prompt_tokens=512, coefficients=table,
+                       launch=False).values["decode_step_s"]
+
+    m1 = resolve_device("macbook-pro-m1-max-64gb")
+    assert step(m1.id, "Q4_K_M") == pytest.approx(arch.params_active * 12.0 / (m1.fp16_tflops * 1e12), rel=1e-9)
+    assert step(m1.id, "F16") == pytest.approx(0.0, abs=1e-12)
+    assert step("rtx-4090", "Q4_K_M") == pytest.approx(0.0, abs=1e-12)
+    assert resolve_device("macbook-pro-m3-max-128gb").fp16_tflops is None
+    assert step("macbook-pro-m3-max-128gb", "Q4_K_M") == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_negative_fixed_offset_never_makes_the_fixed_time_negative():
+    coeffs = {"decode_fixed_ms": -5.0, "decode_fixed_per_layer_us": 100.0, "decode_bw_efficiency": 1e200,
+              "decode_kv_efficiency": 1e200}
+    table = Coefficients({"engines": {"llama.cpp": {"default": dict(coeffs)}}})
+    shallow = predict("llama-3.2-1b", "h200", "Q4_K_M", 4096, coefficients=table, launch=False)  # 16 layers
+    deep = predict("llama-3-70b", "h200", "Q4_K_M", 4096, coefficients=table, launch=False)  # 80 layers
+    assert shallow.values["decode_step_s"] == pytest.approx(0.0, abs=1e-12)
+    assert deep.values["decode_step_s"] == pytest.approx(-5e-3 + 80 * 100e-6, rel=1e-9)
+
+
 def test_llama_cpp_prefill_runs_at_the_fp16_accumulate_rate_on_geforce_cards():
     geforce, pro = resolve_device("rtx-4090"), resolve_device("rtx-6000-ada")
     assert geforce.matmul_tflops("llama.cpp") == pytest.approx(2 * geforce.fp16_tflops)
