@@ -27,6 +27,14 @@ def _gib(x: float) -> float:
     return round(float(x) / GIB, 2)
 
 
+NO_FLOPS = "— (no FLOPS figure for this device in the catalogue)"
+
+
+def _rounded(x: float, nd: int) -> float | str:
+    """``x`` rounded, or a dash where the model cannot give it (prefill/TTFT on a device without FLOPS)."""
+    return round(float(x), nd) if np.isfinite(x) else "—"
+
+
 def _ctx_label(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
@@ -76,8 +84,8 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     rep.add("Throughput", "kv", [
         ["Decode (per sequence)", f"{thr['decode_tok_s']:.1f} tok/s at {thr['decode_context']:,} tokens of context"],
         ["Decode (all sequences)", f"{thr['decode_tok_s_total']:.1f} tok/s"],
-        ["Prefill", f"{thr['prefill_tok_s']:.0f} tok/s"],
-        [f"TTFT ({thr['prompt_tokens']:,}-token prompt)", f"{thr['ttft_ms']:.0f} ms"],
+        ["Prefill", NO_FLOPS if thr["prefill_tok_s"] is None else f"{thr['prefill_tok_s']:.0f} tok/s"],
+        [f"TTFT ({thr['prompt_tokens']:,}-token prompt)", NO_FLOPS if thr["ttft_ms"] is None else f"{thr['ttft_ms']:.0f} ms"],
         ["Cost per 1M output tokens", f"${cost:.2f} at ${g['cloud_usd_per_hour']}/h" if cost else "— (no hourly price)"],
     ], ["Quantity", "Value"])
     band = cal["error_band"]
@@ -98,7 +106,7 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
                     host_bandwidth_gbs=est.host_bandwidth_gbs, launch=False)
         v = e.values
         rows.append([_ctx_label(ctx), _gib(v["kv_cache_bytes"]), _gib(v["total_bytes"]),
-                     round(v["decode_tok_s"], 1), round(v["ttft_s"], 2), e.verdict])
+                     round(v["decode_tok_s"], 1), _rounded(v["ttft_s"], 2), e.verdict])
         xs.append(ctx)
         totals.append(_gib(v["total_bytes"]))
         decodes.append(round(v["decode_tok_s"], 2))
@@ -131,8 +139,8 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
         runs = v["verdict"] <= 1
         rows.append([
             devs[i].name, status, f"{_gib(v['total_bytes']):.1f} / {_gib(v['usable_bytes']):.1f}",
-            round(v["decode_tok_s"], 1) if runs else ("offload" if ok else "—"),
-            round(v["ttft_s"], 2) if runs else "—",
+            _rounded(v["decode_tok_s"], 1) if runs else ("offload" if ok else "—"),
+            _rounded(v["ttft_s"], 2) if runs else "—",
             _ctx_label(int(v["max_context"])) if v["max_context"] > 0 else "—",
             f"${devs[i].price_usd:,.0f}" if devs[i].price_usd else "—",
         ])
@@ -284,13 +292,13 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
         if label == "Cloud from":
             cost = f"${d.cloud_usd_per_hour * n:.2f}/h"
         rows.append([label, name, f"{_gib(v['total_bytes']):.1f} / {_gib(v['usable_bytes']):.1f}",
-                     round(v["decode_tok_s"], 1), round(v["ttft_s"], 2), cost])
+                     round(v["decode_tok_s"], 1), _rounded(v["ttft_s"], 2), cost])
         est = predict(arch, d, q.id, context, engine, device_count=n, prompt_tokens=prompt_tokens,
                       coefficients=table or "default")
         commands.append([f"# {label}: {name}"])
         commands += [[est.launch["llama_cpp"]], [est.launch["vllm"]]]
         data.append({"pick": label, "device": d.id, "count": n, "total_gib": _gib(v["total_bytes"]),
-                     "decode_tok_s": round(v["decode_tok_s"], 2), "ttft_s": round(v["ttft_s"], 3),
+                     "decode_tok_s": round(v["decode_tok_s"], 2), "ttft_s": round(v["ttft_s"], 3) if np.isfinite(v["ttft_s"]) else None,
                      "price_usd": price, "launch": est.launch})
     constraints = [f"min decode {min_decode:g} tok/s" if min_decode else "", f"budget ${budget_usd:,.0f}" if budget_usd else ""]
     rep = Report(

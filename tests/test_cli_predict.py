@@ -34,6 +34,21 @@ def test_predict_table_shows_breakdown_verdict_and_launch_commands():
         assert text in p.stdout
 
 
+def test_a_device_without_a_flops_figure_predicts_decode_and_says_why_prefill_is_missing():
+    # The DGX Spark and the M3/M4 Macs have no sourced FLOPS: prefill and TTFT cannot be predicted; the
+    # reports say so instead of failing, and JSON stays strict (null, never NaN).
+    for fmt in ("table", "md", "html", "json"):
+        p = run("predict", "--model", "llama-3-8b", "--gpu", "dgx-spark", "--format", fmt)
+        assert p.returncode == 0, (fmt, p.stderr)
+    assert "no FLOPS figure" in run("predict", "--model", "llama-3-8b", "--gpu", "dgx-spark").stdout
+    d = json.loads(run("predict", "--model", "llama-3-8b", "--gpu", "dgx-spark", "--format", "json").stdout)
+    assert d["throughput"]["prefill_tok_s"] is None and d["throughput"]["decode_tok_s"] > 0
+    for command in ("leaderboard", "recommend"):
+        out = run(command, "--model", "llama-3-8b", "--ctx", "4096", "--format", "json").stdout
+        assert "NaN" not in out and "Infinity" not in out, command
+        json.loads(out)
+
+
 def test_html_report_is_self_contained_with_a_chart(tmp_path):
     out = tmp_path / "r.html"
     p = run("predict", "--model", "qwen2.5-72b", "--gpu", "h200", "--format", "html", "--output", str(out))
