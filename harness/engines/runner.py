@@ -180,6 +180,11 @@ def run_engine(
     timed_out = interrupted = False
     started = time.perf_counter()
     previous_term = _install_sigterm()
+    # Ctrl-C sets a flag the loop reads every 50 ms rather than raising KeyboardInterrupt wherever the main
+    # thread happens to be: inside a progress callback it could leave a lock held that the progress bar's
+    # refresh thread waits on when it stops, and the harness would hang instead of exiting.
+    sigint: list[int] = []
+    previous_int = _flag_sigint(sigint)
     proc: subprocess.Popen[Any] | None = None
     rss: RssTreeSampler | None = None
     try:
@@ -202,6 +207,9 @@ def run_engine(
         reader = _EventReader(read_fd)
         deadline = started + timeout_s
         while True:
+            if sigint:
+                interrupted = True
+                break
             for event in reader.poll(0.05):
                 events.append(event)
                 if event.get("event") == "started":
@@ -220,7 +228,8 @@ def run_engine(
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        previous_int = _ignore_sigint()
+        interrupted = interrupted or bool(sigint)
+        _ignore_sigint()
         try:
             if proc is not None:
                 kill_process_tree(proc)
@@ -287,6 +296,13 @@ def _install_sigterm() -> Any:
 def _restore_sigterm(previous: Any) -> None:
     if previous is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, previous)
+
+
+def _flag_sigint(flags: list[int]) -> Any:
+    """Make SIGINT append to ``flags``; returns the previous handler (None off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, lambda signum, frame: flags.append(signum))
 
 
 def _ignore_sigint() -> Any:
