@@ -176,3 +176,22 @@ def test_a_negative_offset_stays_valid_for_the_shallowest_catalogue_model():
     relaxed = _relax_fixed_bound(features, np.arange(3), start, free, bounds)
     assert min_catalogue_layers() == 16
     assert relaxed[fixed][0] == pytest.approx(-100.0 * 16 / 1000.0)
+
+
+def test_fit_recovers_the_unpacking_cost_of_a_unified_memory_gpu(tmp_path):
+    # On a unified-memory GPU decode also pays decode_dequant_flops_per_weight operations per quantized
+    # weight at the device's FLOPS; four model sizes and two quants tell it from the bandwidth and fixed terms.
+    truth = {"decode_fixed_ms": 1.2, "decode_fixed_per_layer_us": 90.0, "decode_bw_efficiency": 0.75,
+             "decode_kv_efficiency": 0.6, "decode_dequant_flops_per_weight": 12.0, "prefill_fixed_ms": 15.0,
+             "prefill_compute_efficiency": 0.5, "prefill_scores_efficiency": 0.1, "runtime_fixed_gib": 0.3,
+             "compute_buffer_scale": 1.0}
+    root = write_formula_fixture(tmp_path / "mac", devices={"macbook-pro-m1-max-64gb": truth},
+                                 models=("qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b", "qwen2.5-14b"))
+    fitted = fit_table(load_dataset(root))["engines"]["llama.cpp"]["devices"]["macbook-pro-m1-max-64gb"]
+    for name, value in truth.items():
+        assert fitted[name]["identified"], name
+        assert fitted[name]["value"] == pytest.approx(value, rel=2e-3, abs=1e-3), name
+    # on discrete GPUs the term never acts, so their scopes carry no entry for it
+    gpu = fit_table(load_dataset(write_formula_fixture(tmp_path / "gpu", devices={
+        "rtx-4090": TRUE_DEVICE_COEFFICIENTS["rtx-4090"]}, models=("qwen2.5-0.5b",))))
+    assert "decode_dequant_flops_per_weight" not in gpu["engines"]["llama.cpp"]["devices"]["rtx-4090"]
