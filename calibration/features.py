@@ -80,6 +80,7 @@ QUANTITY_TERMS: dict[str, tuple[Term, ...]] = {
         Term("prefill_compute_efficiency", True),
         Term("prefill_attn_efficiency", True),
         Term("prefill_scores_efficiency", True),
+        Term("prefill_dequant_bytes_per_weight", False),
     ),
     "memory": (
         Term("runtime_fixed_gib", False),
@@ -155,6 +156,7 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
         "flash_attn": bool(row.get("flash_attn")),
         "cpu_repack": quant.id in mem.CPU_REPACKED_QUANTS,
         "n_ubatch": float(row.get("n_ubatch") or 512),
+        "cublas_dequant": row.get("quantized_matmul") == "cublas-fp16",
         "host_bandwidth_gbs": float(host_bw) if _finite(host_bw) else DEFAULT_HOST_BANDWIDTH_GBS,
         "host_memory_gib": float(row["host_memory_gib"]) if _finite(row.get("host_memory_gib"))
         else DEFAULT_HOST_MEMORY_GIB,
@@ -163,7 +165,7 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
 
 ARRAY_INPUTS = ("memory_gib", "usable_gib", "bandwidth_gbs", "tflops", "bits_per_weight", "exact_weights_bytes",
                 "kv_bytes_per_element", "context", "batch", "device_count", "offload_fraction", "flash_attn",
-                "cpu_repack", "n_ubatch", "host_bandwidth_gbs", "host_memory_gib")
+                "cpu_repack", "n_ubatch", "cublas_dequant", "host_bandwidth_gbs", "host_memory_gib")
 
 
 @dataclass

@@ -45,6 +45,11 @@ _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _TEST = re.compile(r"^(?:(pp|tg)\s*(\d+)|pp\s*(\d+)\s*\+\s*tg\s*(\d+))(?:\s*@\s*d\s*(\d+))?$")
 _BUILD = re.compile(r"build:\s*([0-9a-f]{6,40})\s*\((\d+)\)")
 _DEVICE = re.compile(r"Device \d+:\s*([^,\n]+?)\s*,\s*compute capability")
+# ggml_cuda_init's lines in CUDA builds before llama.cpp PR #8075 (June 2024): with tensor cores and MMQ not
+# forced, matmuls of quantized weights on more than 32 tokens dequantize the weights to an FP16 buffer in
+# device memory and call cuBLAS (PR #3776); later builds use the int8 MMQ kernels and print neither line.
+_TENSOR_CORES = re.compile(r"CUDA_USE_TENSOR_CORES:\s*(yes|no)")
+_FORCE_MMQ = re.compile(r"GGML_CUDA_FORCE_MMQ:\s*(yes|no)")
 _MEAN_STD = re.compile(r"^\s*([0-9.]+)\s*(?:±|\+-|\+/-)\s*([0-9.]+)\s*$")
 
 
@@ -108,6 +113,7 @@ def _md_to_fields(row: dict[str, str], text: str) -> dict[str, Any] | None:
         "build_number": int(build.group(2)) if build else None,
         "gpu_info": ", ".join(devices) if devices else None,
         "n_devices": len(devices) or None,
+        "quantized_matmul": _quantized_matmul(text),
     }
     for column, key, cast in (("ngl", "n_gpu_layers", int), ("n_batch", "n_batch", int), ("n_ubatch", "n_ubatch", int),
                               ("threads", "n_threads", int), ("type_k", "type_k", str), ("type_v", "type_v", str),
@@ -115,6 +121,15 @@ def _md_to_fields(row: dict[str, str], text: str) -> dict[str, Any] | None:
         if row.get(column) not in (None, ""):
             fields[key] = cast(row[column])
     return fields
+
+
+def _quantized_matmul(text: str) -> str | None:
+    """``cublas-fp16`` when the log says large-batch matmuls of quantized weights go through an FP16 copy
+    and cuBLAS (see ``_TENSOR_CORES``), else None (not stated: current builds use MMQ)."""
+    tensor_cores, force_mmq = _TENSOR_CORES.search(text), _FORCE_MMQ.search(text)
+    if tensor_cores and tensor_cores.group(1) == "yes" and not (force_mmq and force_mmq.group(1) == "yes"):
+        return "cublas-fp16"
+    return None
 
 
 def detect_format(path: Path, text: str) -> str:
@@ -230,6 +245,8 @@ def llama_bench_record(row: dict[str, Any], *, model: str, device: str, file_nam
         "weights_bytes": _int(row.get("model_size")), "model_n_params": _int(row.get("model_n_params")),
         "started_at": row.get("test_time"),
     }
+    if row.get("quantized_matmul"):
+        provenance["quantized_matmul"] = row["quantized_matmul"]
     kind = "prefill" if n_prompt else "decode"
     if exclude and exclude.get(kind):
         provenance["excluded_from_fit"] = {kind: exclude[kind]}

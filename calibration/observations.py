@@ -34,7 +34,7 @@ RUN_COLUMNS = (
     "id", "status", "reason", "source", "model", "arch_overrides", "model_key", "quant", "engine", "device",
     "device_count", "context", "batch", "kv_dtype", "n_gpu_layers", "flash_attn", "n_ubatch",
     "offload_fraction", "weights_bytes", "host_bandwidth_gbs", "host_fp32_gflops", "host_memory_gib",
-    "engine_version", "prediction_error", "pred_verdict", "excluded_from_fit", "path",
+    "engine_version", "quantized_matmul", "prediction_error", "pred_verdict", "excluded_from_fit", "path",
 )
 
 DECODE_COLUMNS = ("decode_tok_s", "decode_step_s", "decode_context", "gen_tokens", "rel_std", "exclude_reason")
@@ -128,6 +128,7 @@ def run_row(path: Path, record: dict[str, Any]) -> dict[str, Any]:
         "host_fp32_gflops": prov.get("host_fp32_gflops"),
         "host_memory_gib": host_memory / 2**30 if isinstance(host_memory, (int, float)) else None,
         "engine_version": prov.get("engine_version"),
+        "quantized_matmul": prov.get("quantized_matmul"),
         "prediction_error": (record.get("prediction_error") or {}).get("kind")
         if isinstance(record.get("prediction_error"), dict) else None,
         "pred_verdict": (prediction.get("fit") or {}).get("verdict") if isinstance(prediction, dict) else None,

@@ -21,6 +21,9 @@ Names and units (every coefficient is physical so a fitted table can be read):
 - ``decode_dequant_flops_per_weight``  operations per quantized weight unpacked in a decode step, at the device's
                                  peak FLOPS (unified-memory GPUs: Apple's ALUs run near their bandwidth limit)
 - ``prefill_fixed_ms``           fixed time per prompt, ms
+- ``prefill_dequant_bytes_per_weight``  device-memory traffic per quantized weight per ubatch when an old llama.cpp
+                                 CUDA build dequantizes the weights to an FP16 buffer for cuBLAS (read quantized,
+                                 write FP16, ...), bytes at peak bandwidth; current builds (MMQ) do not
 - ``prefill_compute_efficiency`` achieved / peak dense FP16 FLOPS for the weight matmuls, 0-1 (CPU: of measured FLOPS)
 - ``prefill_attn_efficiency``    achieved / peak FLOPS for attention (grows with n^2), 0-1 (flash attention, vLLM)
 - ``prefill_scores_efficiency``  achieved / peak bandwidth writing the f32 attention scores once, 0-1 (llama.cpp
@@ -52,6 +55,7 @@ COEFFICIENT_NAMES = (
     "decode_kv_efficiency",
     "decode_dequant_flops_per_weight",
     "prefill_fixed_ms",
+    "prefill_dequant_bytes_per_weight",
     "prefill_compute_efficiency",
     "prefill_attn_efficiency",
     "prefill_scores_efficiency",
@@ -81,6 +85,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "decode_kv_efficiency": (0.75, _KV),
         "decode_dequant_flops_per_weight": (0.0, _DEQUANT),
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
+        "prefill_dequant_bytes_per_weight": (0.0, "uncalibrated: no dequantization traffic"),
         "prefill_compute_efficiency": (0.40, "uncalibrated: a typical share of dense tensor peak for quantized matmuls"),
         "prefill_attn_efficiency": (0.40, "uncalibrated: same as the matmul efficiency"),
         "prefill_scores_efficiency": (0.25, _SCORES),
@@ -100,6 +105,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "decode_kv_efficiency": (0.75, _KV),
         "decode_dequant_flops_per_weight": (0.0, _DEQUANT),
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
+        "prefill_dequant_bytes_per_weight": (0.0, "uncalibrated: no dequantization traffic"),
         "prefill_compute_efficiency": (0.50, "uncalibrated: a typical share of dense tensor peak for FP16 GEMMs"),
         "prefill_attn_efficiency": (0.50, "uncalibrated: same as the matmul efficiency"),
         "prefill_scores_efficiency": (0.25, _SCORES),

@@ -64,6 +64,7 @@ def evaluate(
     host_memory_gib=DEFAULT_HOST_MEMORY_GIB,
     enforce_eager=False,
     cpu_repack=False,
+    cublas_dequant=False,
     with_max_context: bool = True,
 ) -> dict[str, np.ndarray]:
     """Evaluate the model over broadcastable arrays; returns arrays keyed by quantity (bytes, s).
@@ -72,6 +73,9 @@ def evaluate(
     repeating layers kept in host memory (llama.cpp layers; vLLM cpu_offload_gb). ``enforce_eager``
     (vLLM) drops the CUDA-graph pool; there are no CUDA graphs on a CPU device either.
     ``cpu_repack`` (per quant) adds llama.cpp's repacked copy of the layer matrices on a CPU device.
+    ``cublas_dequant``: the run's llama.cpp CUDA build dequantized quantized weights to FP16 for cuBLAS in
+    prefill (its log says ``CUDA_USE_TENSOR_CORES: yes``; builds before PR #8075, June 2024). Calibration sets
+    it from imported logs; predictions describe current builds and leave it False.
     """
     kind = np.asarray(kind)
     on_gpu = kind == "gpu"
@@ -150,6 +154,8 @@ def evaluate(
         scores_in_memory=mem.attention_through_memory(engine, flash_attn),
         device_count=n_dev,
         tensor_parallel=tensor_parallel,
+        dequant_weights=np.where((_arr(bits_per_weight) < 16.0) & on_gpu & np.asarray(cublas_dequant, bool),
+                                 (1.0 - frac) * (arch.params_total - arch.params_non_layer), 0.0),
     )
     result = {
         "weights_bytes": resident_w + np.zeros_like(dev_w),

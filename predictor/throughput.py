@@ -10,7 +10,8 @@ all-reduces per layer.
 
 Prefill: time = fixed + per ubatch max(weights / (eta_bw * BW), matmul FLOPs / (eta_fl * FLOPS))
 + attention: FLOPs (n^2) / (eta_attn * FLOPS), or, for llama.cpp without flash attention, the f32 scores
-it writes to memory / (eta_scores * BW). Times are seconds; inputs are scalars or arrays.
+it writes to memory / (eta_scores * BW) + for CUDA builds that multiply quantized weights through an FP16
+copy and cuBLAS (before llama.cpp PR #8075, June 2024), per ubatch quantized weights x bytes per weight / BW. Times are seconds; inputs are scalars or arrays.
 """
 
 from __future__ import annotations
@@ -141,12 +142,16 @@ def prefill_seconds(
     scores_in_memory=False,
     device_count=1,
     tensor_parallel: bool = True,
+    dequant_weights=0.0,
 ):
     """Time to process a prompt of ``prompt_tokens`` tokens, seconds.
 
     Each ubatch streams the device weights once (bandwidth bound for short prompts) or is limited
     by matmul FLOPs (long prompts); host-resident layers are copied over PCIe per ubatch (llama.cpp
     runs large batches of offloaded layers on the GPU). Attention adds its n^2 FLOPs.
+    ``dequant_weights``: quantized weights that each ubatch dequantizes into an FP16 buffer in device memory
+    before a cuBLAS GEMM (old llama.cpp CUDA builds; 0 for current ones, whose MMQ kernels read the quantized
+    weights directly), costing ``prefill_dequant_bytes_per_weight`` bytes of traffic each.
     """
     n = np.maximum(np.asarray(prompt_tokens, float), 1.0)
     ub = np.maximum(np.asarray(n_ubatch, float), 1.0)
@@ -165,4 +170,6 @@ def prefill_seconds(
                       scores_bytes / (coeffs["prefill_scores_efficiency"] * bw),
                       attn_flops / (coeffs["prefill_attn_efficiency"] * peak))
     t_pcie = n_ub * np.asarray(host_weight_bytes, float) / (coeffs["pcie_gbs"] * GB)
-    return coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie
+    dequant = np.asarray(dequant_weights, float)
+    t_dq = n_ub * dequant / split * coeffs["prefill_dequant_bytes_per_weight"] / bw if np.any(dequant > 0) else 0.0
+    return coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie + t_dq

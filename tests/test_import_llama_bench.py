@@ -80,6 +80,19 @@ def test_import_writes_decode_and_prefill_records(tmp_path):
     assert not obs.prefill["flash_attn"].any() and set(obs.prefill["n_ubatch"]) == {512}
 
 
+def test_the_log_says_which_cuda_path_multiplies_quantized_weights(tmp_path):
+    # Builds before llama.cpp PR #8075 print "CUDA_USE_TENSOR_CORES: yes": their large-batch matmuls of
+    # quantized weights go through an FP16 copy and cuBLAS. Build 5163 prints neither line (MMQ); Metal none.
+    import_llama_bench(XD / "4090_v3-8b-q4_k_m-cell11.md", model="llama-3-8b", runs_dir=tmp_path / "old")
+    import_llama_bench(README / "rtx4080-qwen2.5-7b-q4_k_m.json", model="qwen2.5-7b", runs_dir=tmp_path / "new")
+    import_llama_bench(XD / "M2ultra_192GB-8b-q4_k_m-cell9.md", model="llama-3-8b", runs_dir=tmp_path / "mac",
+                       gpu="mac-studio-m2-ultra-192gb")
+    paths = {name: {s.record["provenance"].get("quantized_matmul") for s in records.iter_records(tmp_path / name)}
+             for name in ("old", "new", "mac")}
+    assert paths == {"old": {"cublas-fp16"}, "new": {None}, "mac": {None}}
+    assert set(load_observations(tmp_path / "old").prefill["quantized_matmul"]) == {"cublas-fp16"}
+
+
 def test_json_samples_are_kept(tmp_path):
     import_llama_bench(README / "rtx4080-qwen2.5-7b-q4_k_m.json", model="qwen2.5-7b", runs_dir=tmp_path)
     decode = next(s.record for s in records.iter_records(tmp_path) if s.record["measurements"].get("decode"))

@@ -127,6 +127,26 @@ def test_unified_memory_gpus_pay_for_unpacking_quantized_weights():
     assert step("macbook-pro-m3-max-128gb", "Q4_K_M") == pytest.approx(0.0, abs=1e-12)
 
 
+def test_old_cuda_builds_pay_per_ubatch_for_dequantizing_weights_to_fp16():
+    # Before llama.cpp PR #8075 a CUDA build dequantized each quantized weight matrix into an FP16 buffer
+    # for cuBLAS once per ubatch: prefill_dequant_bytes_per_weight of traffic per weight at the bandwidth.
+    from predictor.estimate import device_kwargs, evaluate
+    arch = resolve_model("llama-3-8b")
+    coeffs = dict(Coefficients().lookup("llama.cpp", "rtx-4090", "gddr6x/ada").values)
+    coeffs.update({"prefill_fixed_ms": 0.0, "decode_bw_efficiency": 1e200, "prefill_compute_efficiency": 1e200,
+                   "prefill_scores_efficiency": 1e200, "prefill_attn_efficiency": 1e200,
+                   "prefill_dequant_bytes_per_weight": 3.0})
+    gpu = resolve_device("rtx-4090")
+    kwargs = {**device_kwargs(gpu, "llama.cpp"), "context": 4096, "prompt_tokens": 2048, "n_ubatch": 512,
+              "with_max_context": False}
+    layer_weights = arch.params_total - arch.params_non_layer
+    old = evaluate(arch, "llama.cpp", coeffs, bits_per_weight=4.89, cublas_dequant=True, **kwargs)
+    assert old["prefill_s"] == pytest.approx(4 * layer_weights * 3.0 / (gpu.bandwidth_gbs * 1e9), rel=1e-9)
+    assert evaluate(arch, "llama.cpp", coeffs, bits_per_weight=4.89, **kwargs)["prefill_s"] == pytest.approx(0.0)
+    f16 = evaluate(arch, "llama.cpp", coeffs, bits_per_weight=16.0, cublas_dequant=True, **kwargs)
+    assert f16["prefill_s"] == pytest.approx(0.0)
+
+
 def test_a_negative_fixed_offset_never_makes_the_fixed_time_negative():
     coeffs = {"decode_fixed_ms": -5.0, "decode_fixed_per_layer_us": 100.0, "decode_bw_efficiency": 1e200,
               "decode_kv_efficiency": 1e200}
