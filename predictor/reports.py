@@ -27,7 +27,10 @@ def _gib(x: float) -> float:
     return round(float(x) / GIB, 2)
 
 
-NO_FLOPS = "— (no FLOPS figure for this device in the catalogue)"
+def _not_in_catalogue(gpu: dict) -> str:
+    """What a throughput cell says when the device's catalogue entry lacks the figure it needs."""
+    figure = "bandwidth" if gpu.get("bandwidth_gbs") is None else "FLOPS"
+    return f"— (no {figure} figure for this device in the catalogue)"
 
 
 def _rounded(x: float, nd: int) -> float | str:
@@ -81,11 +84,14 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
             f"{fit['recommended_offload_gib']:.2f} GiB of layers and their KV stay in host RAM. "
             "The speeds below are for that configuration.")
     cost = thr["cost_per_1m_output_usd"]
+    missing = _not_in_catalogue(g)
     rep.add("Throughput", "kv", [
-        ["Decode (per sequence)", f"{thr['decode_tok_s']:.1f} tok/s at {thr['decode_context']:,} tokens of context"],
-        ["Decode (all sequences)", f"{thr['decode_tok_s_total']:.1f} tok/s"],
-        ["Prefill", NO_FLOPS if thr["prefill_tok_s"] is None else f"{thr['prefill_tok_s']:.0f} tok/s"],
-        [f"TTFT ({thr['prompt_tokens']:,}-token prompt)", NO_FLOPS if thr["ttft_ms"] is None else f"{thr['ttft_ms']:.0f} ms"],
+        ["Decode (per sequence)", missing if thr["decode_tok_s"] is None
+         else f"{thr['decode_tok_s']:.1f} tok/s at {thr['decode_context']:,} tokens of context"],
+        ["Decode (all sequences)", missing if thr["decode_tok_s_total"] is None
+         else f"{thr['decode_tok_s_total']:.1f} tok/s"],
+        ["Prefill", missing if thr["prefill_tok_s"] is None else f"{thr['prefill_tok_s']:.0f} tok/s"],
+        [f"TTFT ({thr['prompt_tokens']:,}-token prompt)", missing if thr["ttft_ms"] is None else f"{thr['ttft_ms']:.0f} ms"],
         ["Cost per 1M output tokens", f"${cost:.2f} at ${g['cloud_usd_per_hour']}/h" if cost else "— (no hourly price)"],
     ], ["Quantity", "Value"])
     band = cal["error_band"]
@@ -107,7 +113,7 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
                     host_bandwidth_gbs=est.host_bandwidth_gbs, launch=False)
         v = e.values
         rows.append([_ctx_label(ctx), _gib(v["kv_cache_bytes"]), _gib(v["total_bytes"]),
-                     round(v["decode_tok_s"], 1), _rounded(v["ttft_s"], 2), e.verdict])
+                     _rounded(v["decode_tok_s"], 1), _rounded(v["ttft_s"], 2), e.verdict])
         xs.append(ctx)
         totals.append(_gib(v["total_bytes"]))
         decodes.append(round(v["decode_tok_s"], 2))

@@ -43,6 +43,9 @@ def test_a_device_without_a_flops_figure_predicts_decode_and_says_why_prefill_is
     assert "no FLOPS figure" in run("predict", "--model", "llama-3-8b", "--gpu", "dgx-spark").stdout
     d = json.loads(run("predict", "--model", "llama-3-8b", "--gpu", "dgx-spark", "--format", "json").stdout)
     assert d["throughput"]["prefill_tok_s"] is None and d["throughput"]["decode_tok_s"] > 0
+    # the H20 141GB has no sourced bandwidth: not even decode can be predicted, and the report says so
+    h20 = run("predict", "--model", "llama-3-8b", "--gpu", "h20-141gb")
+    assert h20.returncode == 0 and "no bandwidth figure" in h20.stdout, h20.stderr
     for command in ("leaderboard", "recommend"):
         out = run(command, "--model", "llama-3-8b", "--ctx", "4096", "--format", "json").stdout
         assert "NaN" not in out and "Infinity" not in out, command
