@@ -155,12 +155,14 @@ def parse_llama_bench(text: str, fmt: str) -> list[dict[str, Any]]:
             return [r for r in rows if r is not None]
         if fmt == "json":
             data = json.loads(text)
-            return list(data) if isinstance(data, list) else [data]
-        if fmt == "jsonl":
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        return [dict(r) for r in csv.DictReader(io.StringIO(text))]
+            rows = list(data) if isinstance(data, list) else [data]
+        elif fmt == "jsonl":
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        else:
+            rows = [dict(r) for r in csv.DictReader(io.StringIO(text))]
     except (json.JSONDecodeError, csv.Error) as exc:
         raise BenchcalError(f"not valid llama-bench {fmt} output: {exc}") from None
+    return [r for r in rows if isinstance(r, dict) and "avg_ts" in r]  # a test result, not some other table
 
 
 # ------------------------------------------------------------------------------------------- mapping

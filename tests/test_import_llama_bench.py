@@ -124,6 +124,13 @@ def test_gpu_is_required_when_the_file_does_not_name_it(tmp_path):
     assert len(written) == 10
 
 
+def test_a_file_without_llama_bench_results_is_a_user_error(tmp_path):
+    for name, text in (("other.csv", "user,uid\nroot,0\n"), ("list.json", "[1, 2]"), ("obj.jsonl", '{"a": 1}\n')):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(BenchcalError, match="no llama-bench results found"):
+            import_llama_bench(tmp_path / name, model="llama-3-8b", runs_dir=tmp_path / "runs", gpu="rtx-4090")
+
+
 def test_unknown_model_and_missing_file_are_user_errors(tmp_path):
     with pytest.raises(BenchcalError, match="unknown model"):
         import_llama_bench(README / "rtx4080-qwen2.5-7b-q4_k_m.json", model="no-such-model", runs_dir=tmp_path)
