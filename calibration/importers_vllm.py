@@ -46,6 +46,8 @@ def parse_vllm_results(text: str) -> list[dict[str, Any]]:
 
 def result_kind(result: dict[str, Any]) -> str:
     """serve, latency or throughput, from the keys vLLM writes."""
+    if not isinstance(result, dict):
+        raise BenchcalError(f"unrecognised vLLM result: expected a JSON object, got {type(result).__name__}")
     if "median_tpot_ms" in result or "mean_ttft_ms" in result:
         return "serve"
     if "avg_latency" in result or "latencies" in result:

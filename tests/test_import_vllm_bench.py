@@ -61,3 +61,10 @@ def test_unrecognised_json_is_a_user_error(tmp_path):
     bad.write_text(json.dumps({"hello": 1}))
     with pytest.raises(BenchcalError, match="unrecognised"):
         import_vllm_bench(bad, model="llama-3.2-3b", runs_dir=tmp_path / "runs", gpu="l40s")
+
+
+def test_a_json_file_of_non_objects_is_a_user_error(tmp_path):
+    path = tmp_path / "numbers.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(BenchcalError, match="expected a JSON object"):
+        import_vllm_bench(path, model="llama-3.2-3b", runs_dir=tmp_path / "runs", gpu="l40s")
