@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness import records
+from harness import record_tables, records
 from predictor.errors import BenchcalError
 
 DEFAULT_DECODE_PROMPT_TOKENS = 16  # the harness's decode prompt when a run has no prompt lengths
@@ -97,44 +97,36 @@ def _offload_fraction(config: dict[str, Any]) -> float:
 
 
 def run_row(path: Path, record: dict[str, Any]) -> dict[str, Any]:
-    """The configuration of one run, flat (see ``RUN_COLUMNS``)."""
+    """The configuration of one run, flat (see ``RUN_COLUMNS``), with the defaults the fits assume filled in."""
+    base = record_tables.common_columns(path, record)
     config = record.get("config") or {}
-    options = config.get("engine_options") or {}
     prov = record.get("provenance") or {}
     overrides = dict(config.get("arch_overrides") or {})
     host_memory = prov.get("host_memory_bytes")
     prediction = record.get("prediction") or {}
-    return {
-        "id": record.get("id"),
-        "status": record.get("status"),
+    error = record.get("prediction_error")
+    row = {name: base[name] for name in ("id", "status", "source", "model", "quant", "engine", "device",
+                                          "n_gpu_layers", "host_bandwidth_gbs", "engine_version", "path")}
+    row.update({
         "reason": record.get("reason"),
-        "source": prov.get("source"),
-        "model": config.get("model"),
         "arch_overrides": json.dumps(overrides, sort_keys=True) if overrides else "",
-        "model_key": model_key(str(config.get("model")), overrides),
-        "quant": config.get("quant"),
-        "engine": config.get("engine"),
-        "device": config.get("device"),
-        "device_count": int(config.get("device_count") or 1),
-        "context": int(config.get("context") or 0),
-        "batch": int(config.get("batch") or 1),
-        "kv_dtype": config.get("kv_dtype") or "f16",
-        "n_gpu_layers": options.get("n_gpu_layers"),
-        "flash_attn": bool(options.get("flash_attn", False)),
-        "n_ubatch": int(options.get("n_ubatch") or 512),
+        "model_key": model_key(str(base["model"]), overrides),
+        "device_count": int(base["device_count"] or 1),
+        "context": int(base["context"] or 0),
+        "batch": int(base["batch"] or 1),
+        "kv_dtype": base["kv_dtype"] or "f16",
+        "flash_attn": bool(base["flash_attn"]),
+        "n_ubatch": int(base["n_ubatch"] or 512),
         "offload_fraction": _offload_fraction(config),
         "weights_bytes": prov.get("weights_bytes") or prov.get("model_size_bytes"),
-        "host_bandwidth_gbs": prov.get("host_bandwidth_gbs"),
         "host_fp32_gflops": prov.get("host_fp32_gflops"),
         "host_memory_gib": host_memory / 2**30 if isinstance(host_memory, (int, float)) else None,
-        "engine_version": prov.get("engine_version"),
         "quantized_matmul": prov.get("quantized_matmul"),
-        "prediction_error": (record.get("prediction_error") or {}).get("kind")
-        if isinstance(record.get("prediction_error"), dict) else None,
+        "prediction_error": error.get("kind") if isinstance(error, dict) else None,
         "pred_verdict": (prediction.get("fit") or {}).get("verdict") if isinstance(prediction, dict) else None,
         "excluded_from_fit": json.dumps(prov["excluded_from_fit"]) if prov.get("excluded_from_fit") else "",
-        "path": str(path),
-    }
+    })
+    return {name: row[name] for name in RUN_COLUMNS}
 
 
 def exclude_reason(base: dict[str, Any], quantity: str) -> str | None:

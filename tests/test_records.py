@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import records
+from harness import record_tables, records
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -130,8 +130,8 @@ def test_load_runs_flat_columns(tmp_path):
     records.write_record(measured_record(), tmp_path)
     failed = records.new_record(config(context=4096), status="oom", reason="failed to allocate")
     records.write_record(failed, tmp_path)
-    frame = records.load_runs(tmp_path)
-    assert list(frame.columns)[:len(records.RUN_COLUMNS)] == list(records.RUN_COLUMNS)
+    frame = record_tables.load_runs(tmp_path)
+    assert list(frame.columns)[:len(record_tables.RUN_COLUMNS)] == list(record_tables.RUN_COLUMNS)
     ok = frame[frame.status == "ok"].iloc[0]
     assert ok.prompt_tokens == 256 and ok.prefill_tok_s == pytest.approx(1261.0)
     assert ok.decode_tok_s == 52.0 and ok.decode_tok_s_std == pytest.approx(2.0)
@@ -143,9 +143,9 @@ def test_load_runs_flat_columns(tmp_path):
 
 def test_load_prefill_points_one_row_per_prompt_length(tmp_path):
     records.write_record(measured_record(), tmp_path)
-    points = records.load_prefill_points(tmp_path)
+    points = record_tables.load_prefill_points(tmp_path)
     assert sorted(points.prompt_tokens) == [64, 256]
-    assert set(points.columns) == set(records.PREFILL_COLUMNS)
+    assert set(points.columns) == set(record_tables.PREFILL_COLUMNS)
 
 
 def test_ok_config_hashes_counts_planned_configs(tmp_path):
@@ -185,4 +185,4 @@ def test_eight_concurrent_writers_corrupt_nothing(tmp_path):
         ids.add(record["id"])
     assert len(ids) == 400
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".json"]
-    assert len(records.load_runs(tmp_path)) == 400
+    assert len(record_tables.load_runs(tmp_path)) == 400

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness import records
+from harness import record_tables, records
 from predictor.errors import BenchcalError, positive
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -266,7 +266,7 @@ def render_comparison(stored: list[dict[str, Any]], paths: list[str]) -> str:
                   "verdict"):
         table.add_column(title, justify="right" if title not in ("model", "status", "verdict") else "left")
     for record, path in zip(stored, paths, strict=True):
-        row = records.run_row(path, record)
+        row = record_tables.run_row(path, record)
         memory_gib = row["peak_memory_bytes"] / GIB if row["peak_memory_bytes"] else None
         table.add_row(
             str(row["model"]), str(row["quant"]), str(row["context"]),
@@ -296,7 +296,7 @@ class _Null:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    frame = records.load_runs(records.runs_dir(args.runs_dir),
+    frame = record_tables.load_runs(records.runs_dir(args.runs_dir),
                               on_error=lambda path, message: print(f"benchcal: skipping {path}: {message}",
                                                                    file=sys.stderr))
     for column in ("model", "engine", "device", "status"):
