@@ -19,6 +19,7 @@ then :class:`Interrupted` (a KeyboardInterrupt) is raised so sweeps stop.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import os
 import re
@@ -32,7 +33,7 @@ from typing import Any
 
 from harness import records
 from harness.engines.base import decode_tok_s, prefill_tok_s
-from harness.engines.runner import REPO_ROOT, EngineRun, run_engine
+from harness.engines.runner import DEFAULT_DECODE_PROMPT_TOKENS, REPO_ROOT, EngineRun, run_engine
 from harness.records import summarize
 from predictor.errors import BenchcalError
 
@@ -222,14 +223,21 @@ def default_threads() -> int:
 
 
 def _model_arch(cfg: Mapping[str, Any]) -> Any:
-    from harness.synthetic import resolve_arch
+    from harness import synthetic
 
     gguf = _gguf_path(cfg)
     if gguf is not None and gguf.is_file():
         from predictor.models import resolve_model
 
         return resolve_model(str(gguf))
-    return resolve_arch(cfg["model"], cfg.get("arch_overrides"))
+    arch = synthetic.resolve_arch(cfg["model"], cfg.get("arch_overrides"))
+    quant = cfg.get("quant")
+    if cfg.get("weights") == "synthetic" and cfg["engine"] == "llama.cpp" and quant in synthetic.FILE_TYPES:
+        # the synthetic GGUF's tensor types follow llama-quantize (output or tied embeddings in Q6_K, ...):
+        # predict with its exact size, as for any GGUF file, not the catalogue's whole-file average width
+        spec = synthetic.resolve_spec(cfg["model"], cfg.get("arch_overrides"))
+        arch = dataclasses.replace(arch, weights_bytes_exact=synthetic.weights_bytes(spec, quant), weights_quant=quant)
+    return arch
 
 
 def _predictor_device(cfg: Mapping[str, Any], host: Mapping[str, Any] | None) -> Any:
@@ -270,17 +278,29 @@ def predict_config(cfg: Mapping[str, Any], host: Mapping[str, Any] | None = None
     except ImportError as exc:
         return None, f"predictor unavailable: {exc}"
     options = cfg.get("engine_options") or {}
-    try:
-        estimate = predict(
+    prompts = list(cfg["prompt_tokens"] or [])
+
+    def estimate_at(prompt_tokens: int, launch: bool = True) -> dict:
+        return predict(
             _model_arch(cfg), _predictor_device(cfg, host), quant=cfg.get("quant"), context=int(cfg["context"]),
-            engine=cfg["engine"], prompt_tokens=max(cfg["prompt_tokens"] or [512]), batch=int(cfg["batch"]),
+            engine=cfg["engine"], prompt_tokens=prompt_tokens, batch=int(cfg["batch"]),
             kv_dtype=cfg.get("kv_dtype"), device_count=int(cfg["device_count"]),
             offload_fraction=float(cfg.get("offload_fraction") or 0.0),
             flash_attn=bool(options.get("flash_attn", False)), n_ubatch=int(options.get("n_ubatch") or 512),
             host_bandwidth_gbs=(host or {}).get("bandwidth_gbs"), host_memory_gib=(host or {}).get("memory_gib"),
-            enforce_eager=bool(options.get("enforce_eager", False)),
-        )
-        return estimate.to_dict(), None
+            enforce_eager=bool(options.get("enforce_eager", False)), launch=launch,
+        ).to_dict()
+
+    try:
+        # TTFT and prefill for the longest prompt; decode where the harness measures it: after the shortest
+        # prompt, halfway through the generated tokens.
+        prediction = estimate_at(max(prompts or [512]))
+        decode_at = min(prompts or [DEFAULT_DECODE_PROMPT_TOKENS]) + int(cfg.get("gen_tokens") or 0) // 2
+        decode = estimate_at(max(decode_at, 1), launch=False)["throughput"]
+        for key in ("decode_tok_s", "decode_tok_s_total", "decode_context", "cost_per_1m_output_usd"):
+            if key in decode:
+                prediction["throughput"][key] = decode[key]
+        return prediction, None
     except BenchcalError as exc:
         return None, f"predictor declined: {exc}"
     except Exception as exc:  # the measurement must not depend on the predictor working

@@ -35,3 +35,25 @@ def test_an_outcome_that_contradicts_the_verdict_is_a_prediction_error():
     assert prediction_error("ok", "needs offload")["kind"] == "ok_predicted_not_fit"
     assert prediction_error("ok", "fits") is None
     assert prediction_error("oom", "tight") is None
+
+
+def test_the_stored_prediction_is_made_where_each_quantity_is_measured():
+    # TTFT for the longest prompt; decode after the shortest prompt, halfway through the generated tokens,
+    # which is where the harness measures it (a KV read at 256 tokens would be compared with one at 80).
+    cfg = prepare_config({"model": "smollm2-135m", "quant": "Q4_0", "engine": "llama.cpp", "device": "h200-sxm",
+                          "context": 1024, "prompt_tokens": [64, 256], "gen_tokens": 32})
+    throughput = plan_config(cfg).prediction["throughput"]
+    assert throughput["prompt_tokens"] == 256
+    assert throughput["decode_context"] == 64 + 32 // 2
+
+
+def test_a_synthetic_checkpoint_is_predicted_with_its_exact_size():
+    # The synthetic GGUF follows llama-quantize's tensor types (tied embeddings in Q6_K/Q8_0 ...): for a
+    # small model with a large vocabulary that is far from the catalogue's whole-file average width.
+    from harness import synthetic
+
+    cfg = prepare_config({"model": "qwen2.5-0.5b", "quant": "Q4_0", "engine": "llama.cpp", "device": "h200-sxm",
+                          "weights": "synthetic", "context": 2048, "prompt_tokens": [64], "gen_tokens": 16})
+    exact = synthetic.weights_bytes(synthetic.resolve_spec("qwen2.5-0.5b"), "Q4_0")
+    weights_gib = plan_config(cfg).prediction["memory"]["weights_total_gib"]
+    assert weights_gib == round(exact / 2**30, 3)
