@@ -82,6 +82,12 @@ def _bootstrap_std(block: Block, rows: np.ndarray, start: np.ndarray, chosen: li
     return spread
 
 
+# Fitted per device and family only: prefill's unpacking cost on unified-memory GPUs (Metal dequantizes weight
+# tiles in its matmul kernels) pooled with the discrete GPUs' runs at engine scope would shift the engine-wide
+# matmul efficiency every unmeasured GPU falls back to.
+ENGINE_HELD = ("prefill_unpack_flops_per_weight",)
+
+
 def fit_scope_quantity(block: Block, mask: np.ndarray, parent: dict[str, float], *, n_boot: int,
                        rng: np.random.Generator, scope_label: str) -> dict[str, dict[str, Any]]:
     """Fit one quantity in one scope; returns coefficient entries (empty when the scope has no data)."""
@@ -90,6 +96,8 @@ def fit_scope_quantity(block: Block, mask: np.ndarray, parent: dict[str, float],
         return {}
     terms = block.features.terms
     held = ("decode_bw_efficiency",) if block.quantity == "prefill" else ()
+    if block.quantity == "prefill" and scope_label == "engine default":
+        held += ENGINE_HELD
     cpu = bool(np.all(block.meta["kind"].to_numpy()[rows] == "cpu"))
     start = np.array([float(t.weight(parent[t.name])) for t in terms])
     fit = fit_terms(block.features, rows, block.y[rows], start, cpu=cpu, held=held)

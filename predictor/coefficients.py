@@ -24,6 +24,9 @@ Names and units (every coefficient is physical so a fitted table can be read):
 - ``prefill_dequant_bytes_per_weight``  device-memory traffic per quantized weight per ubatch when an old llama.cpp
                                  CUDA build dequantizes the weights to an FP16 buffer for cuBLAS (read quantized,
                                  write FP16, ...), bytes at peak bandwidth; current builds (MMQ) do not
+- ``prefill_unpack_flops_per_weight``  operations per quantized weight and prompt token a unified-memory GPU spends
+                                 unpacking weight tiles in its matmul kernels (Metal), at peak FLOPS; fitted per
+                                 device and family only
 - ``prefill_compute_efficiency`` achieved / peak dense FP16 FLOPS for the weight matmuls, 0-1 (CPU: of measured FLOPS)
 - ``prefill_attn_efficiency``    achieved / peak FLOPS for attention (grows with n^2), 0-1 (flash attention, vLLM)
 - ``prefill_scores_efficiency``  achieved / peak bandwidth writing the f32 attention scores once, 0-1 (llama.cpp
@@ -56,6 +59,7 @@ COEFFICIENT_NAMES = (
     "decode_dequant_flops_per_weight",
     "prefill_fixed_ms",
     "prefill_dequant_bytes_per_weight",
+    "prefill_unpack_flops_per_weight",
     "prefill_compute_efficiency",
     "prefill_attn_efficiency",
     "prefill_scores_efficiency",
@@ -72,6 +76,7 @@ COEFFICIENT_NAMES = (
 _CALC = "uncalibrated: a constant share of peak bandwidth, as public VRAM calculators assume (0.65-0.87)"
 _KV = "uncalibrated: the same share of peak bandwidth as the weights (calculators do not separate the two)"
 _DEQUANT = "uncalibrated: decode is taken as purely bandwidth bound, as the public calculators assume"
+_UNPACK = "not fitted engine-wide: prefill on a unified-memory GPU is taken as purely matmul bound unless its device or family was measured"
 _SCORES = ("uncalibrated: the f32 scores are written, read by the softmax, written and read again: four "
            "passes at peak bandwidth")
 _DESIGN = "uncalibrated: a CUDA context and allocator pools take about 100-600 MiB depending on the GPU"
@@ -86,6 +91,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "decode_dequant_flops_per_weight": (0.0, _DEQUANT),
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_dequant_bytes_per_weight": (0.0, "uncalibrated: no dequantization traffic"),
+        "prefill_unpack_flops_per_weight": (0.0, _UNPACK),
         "prefill_compute_efficiency": (0.40, "uncalibrated: a typical share of dense tensor peak for quantized matmuls"),
         "prefill_attn_efficiency": (0.40, "uncalibrated: same as the matmul efficiency"),
         "prefill_scores_efficiency": (0.25, _SCORES),
@@ -106,6 +112,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "decode_dequant_flops_per_weight": (0.0, _DEQUANT),
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_dequant_bytes_per_weight": (0.0, "uncalibrated: no dequantization traffic"),
+        "prefill_unpack_flops_per_weight": (0.0, _UNPACK),
         "prefill_compute_efficiency": (0.50, "uncalibrated: a typical share of dense tensor peak for FP16 GEMMs"),
         "prefill_attn_efficiency": (0.50, "uncalibrated: same as the matmul efficiency"),
         "prefill_scores_efficiency": (0.25, _SCORES),

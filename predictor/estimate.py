@@ -156,6 +156,7 @@ def evaluate(
         tensor_parallel=tensor_parallel,
         dequant_weights=np.where((_arr(bits_per_weight) < 16.0) & on_gpu & np.asarray(cublas_dequant, bool),
                                  (1.0 - frac) * (arch.params_total - arch.params_non_layer), 0.0),
+        unpack_weights=dequant_w,
     )
     result = {
         "weights_bytes": resident_w + np.zeros_like(dev_w),

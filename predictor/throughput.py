@@ -11,7 +11,8 @@ all-reduces per layer.
 Prefill: time = fixed + per ubatch max(weights / (eta_bw * BW), matmul FLOPs / (eta_fl * FLOPS))
 + attention: FLOPs (n^2) / (eta_attn * FLOPS), or, for llama.cpp without flash attention, the f32 scores
 it writes to memory / (eta_scores * BW) + for CUDA builds that multiply quantized weights through an FP16
-copy and cuBLAS (before llama.cpp PR #8075, June 2024), per ubatch quantized weights x bytes per weight / BW. Times are seconds; inputs are scalars or arrays.
+copy and cuBLAS (before llama.cpp PR #8075, June 2024), per ubatch quantized weights x bytes per weight / BW
++ on unified-memory GPUs, per token quantized weights x unpacking operations per weight / FLOPS. Times are seconds; inputs are scalars or arrays.
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ def prefill_seconds(
     device_count=1,
     tensor_parallel: bool = True,
     dequant_weights=0.0,
+    unpack_weights=0.0,
 ):
     """Time to process a prompt of ``prompt_tokens`` tokens, seconds.
 
@@ -152,6 +154,9 @@ def prefill_seconds(
     ``dequant_weights``: quantized weights that each ubatch dequantizes into an FP16 buffer in device memory
     before a cuBLAS GEMM (old llama.cpp CUDA builds; 0 for current ones, whose MMQ kernels read the quantized
     weights directly), costing ``prefill_dequant_bytes_per_weight`` bytes of traffic each.
+    ``unpack_weights``: quantized weights a unified-memory GPU unpacks for every prompt token (Metal's matmul
+    kernels dequantize weight tiles per block of tokens), ``prefill_unpack_flops_per_weight`` operations each at
+    the device's peak FLOPS.
     """
     n = np.maximum(np.asarray(prompt_tokens, float), 1.0)
     ub = np.maximum(np.asarray(n_ubatch, float), 1.0)
@@ -172,4 +177,6 @@ def prefill_seconds(
     t_pcie = n_ub * np.asarray(host_weight_bytes, float) / (coeffs["pcie_gbs"] * GB)
     dequant = np.asarray(dequant_weights, float)
     t_dq = n_ub * dequant / split * coeffs["prefill_dequant_bytes_per_weight"] / bw if np.any(dequant > 0) else 0.0
-    return coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie + t_dq
+    unpack = np.asarray(unpack_weights, float)
+    t_up = n * unpack / split * coeffs["prefill_unpack_flops_per_weight"] / peak if np.any(unpack > 0) else 0.0
+    return coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie + t_dq + t_up

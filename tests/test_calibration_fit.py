@@ -78,13 +78,13 @@ def fixture_record(model: str, device: str, quant: str, context: int, table: Coe
 
 
 def write_formula_fixture(root: Path, devices=TRUE_DEVICE_COEFFICIENTS, models=FIXTURE_MODELS,
-                          flash_attn: bool = False) -> Path:
+                          flash_attn: bool = False, quants=FIXTURE_QUANTS) -> Path:
     """Write the synthetic fixture runs under ``root`` (a pytest tmp dir) and return it."""
     assert "runs" not in Path(root).parts[-1:], "synthetic fixtures never go into a runs/ directory"
     table = true_table(devices)
     for device in devices:
         for model in models:
-            for quant in FIXTURE_QUANTS:
+            for quant in quants:
                 for context in FIXTURE_CONTEXTS:
                     records.write_record(fixture_record(model, device, quant, context, table, flash_attn), root)
     return root
@@ -181,13 +181,18 @@ def test_a_negative_offset_stays_valid_for_the_shallowest_catalogue_model():
 def test_fit_recovers_the_unpacking_cost_of_a_unified_memory_gpu(tmp_path):
     # On a unified-memory GPU decode also pays decode_dequant_flops_per_weight operations per quantized
     # weight at the device's FLOPS; four model sizes and two quants tell it from the bandwidth and fixed terms.
+    # Prefill pays prefill_unpack_flops_per_weight per quantized weight and token; F16 runs tell it apart from
+    # the matmul efficiency.
     truth = {"decode_fixed_ms": 1.2, "decode_fixed_per_layer_us": 90.0, "decode_bw_efficiency": 0.75,
              "decode_kv_efficiency": 0.6, "decode_dequant_flops_per_weight": 12.0, "prefill_fixed_ms": 15.0,
-             "prefill_compute_efficiency": 0.5, "prefill_scores_efficiency": 0.1, "runtime_fixed_gib": 0.3,
-             "compute_buffer_scale": 1.0}
+             "prefill_compute_efficiency": 0.5, "prefill_scores_efficiency": 0.1,
+             "prefill_unpack_flops_per_weight": 0.6, "runtime_fixed_gib": 0.3, "compute_buffer_scale": 1.0}
     root = write_formula_fixture(tmp_path / "mac", devices={"macbook-pro-m1-max-64gb": truth},
-                                 models=("qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b", "qwen2.5-14b"))
-    fitted = fit_table(load_dataset(root))["engines"]["llama.cpp"]["devices"]["macbook-pro-m1-max-64gb"]
+                                 models=("qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b", "qwen2.5-14b"),
+                                 quants=("Q4_K_M", "Q8_0", "F16"))
+    table = fit_table(load_dataset(root))
+    assert "prefill_unpack_flops_per_weight" not in table["engines"]["llama.cpp"]["default"]  # device/family only
+    fitted = table["engines"]["llama.cpp"]["devices"]["macbook-pro-m1-max-64gb"]
     for name, value in truth.items():
         assert fitted[name]["identified"], name
         assert fitted[name]["value"] == pytest.approx(value, rel=2e-3, abs=1e-3), name

@@ -127,24 +127,35 @@ def test_unified_memory_gpus_pay_for_unpacking_quantized_weights():
     assert step("macbook-pro-m3-max-128gb", "Q4_K_M") == pytest.approx(0.0, abs=1e-12)
 
 
+def prefill_only(device_id: str, bits_per_weight: float, term: str, value: float, **options) -> float:
+    """Prefill seconds of Llama-3-8B (2048-token prompt) with every term neutral but ``term``."""
+    from predictor.estimate import device_kwargs, evaluate
+    coeffs = dict(Coefficients().lookup("llama.cpp", "none", "none").values)
+    coeffs.update({"prefill_fixed_ms": 0.0, "decode_bw_efficiency": 1e200, "prefill_compute_efficiency": 1e200,
+                   "prefill_scores_efficiency": 1e200, "prefill_attn_efficiency": 1e200, term: value})
+    return float(evaluate(resolve_model("llama-3-8b"), "llama.cpp", coeffs, bits_per_weight=bits_per_weight,
+                          **device_kwargs(resolve_device(device_id), "llama.cpp"), context=4096, prompt_tokens=2048,
+                          n_ubatch=512, with_max_context=False, **options)["prefill_s"])
+
+
 def test_old_cuda_builds_pay_per_ubatch_for_dequantizing_weights_to_fp16():
     # Before llama.cpp PR #8075 a CUDA build dequantized each quantized weight matrix into an FP16 buffer
     # for cuBLAS once per ubatch: prefill_dequant_bytes_per_weight of traffic per weight at the bandwidth.
-    from predictor.estimate import device_kwargs, evaluate
-    arch = resolve_model("llama-3-8b")
-    coeffs = dict(Coefficients().lookup("llama.cpp", "rtx-4090", "gddr6x/ada").values)
-    coeffs.update({"prefill_fixed_ms": 0.0, "decode_bw_efficiency": 1e200, "prefill_compute_efficiency": 1e200,
-                   "prefill_scores_efficiency": 1e200, "prefill_attn_efficiency": 1e200,
-                   "prefill_dequant_bytes_per_weight": 3.0})
-    gpu = resolve_device("rtx-4090")
-    kwargs = {**device_kwargs(gpu, "llama.cpp"), "context": 4096, "prompt_tokens": 2048, "n_ubatch": 512,
-              "with_max_context": False}
+    arch, gpu, term = resolve_model("llama-3-8b"), resolve_device("rtx-4090"), "prefill_dequant_bytes_per_weight"
     layer_weights = arch.params_total - arch.params_non_layer
-    old = evaluate(arch, "llama.cpp", coeffs, bits_per_weight=4.89, cublas_dequant=True, **kwargs)
-    assert old["prefill_s"] == pytest.approx(4 * layer_weights * 3.0 / (gpu.bandwidth_gbs * 1e9), rel=1e-9)
-    assert evaluate(arch, "llama.cpp", coeffs, bits_per_weight=4.89, **kwargs)["prefill_s"] == pytest.approx(0.0)
-    f16 = evaluate(arch, "llama.cpp", coeffs, bits_per_weight=16.0, cublas_dequant=True, **kwargs)
-    assert f16["prefill_s"] == pytest.approx(0.0)
+    assert prefill_only("rtx-4090", 4.89, term, 3.0, cublas_dequant=True) == pytest.approx(
+        4 * layer_weights * 3.0 / (gpu.bandwidth_gbs * 1e9), rel=1e-9)  # 2048 tokens: 4 ubatches
+    assert prefill_only("rtx-4090", 4.89, term, 3.0) == pytest.approx(0.0)  # current builds: MMQ
+    assert prefill_only("rtx-4090", 16.0, term, 3.0, cublas_dequant=True) == pytest.approx(0.0)
+
+
+def test_unified_memory_gpus_unpack_quantized_weights_for_every_prompt_token():
+    arch, mac, term = resolve_model("llama-3-8b"), resolve_device("mac-studio-m2-ultra-192gb"), \
+        "prefill_unpack_flops_per_weight"
+    assert prefill_only(mac.id, 4.89, term, 0.5) == pytest.approx(
+        2048 * arch.params_active * 0.5 / (mac.fp16_tflops * 1e12), rel=1e-9)
+    assert prefill_only(mac.id, 16.0, term, 0.5) == pytest.approx(0.0)
+    assert prefill_only("rtx-4090", 4.89, term, 0.5) == pytest.approx(0.0)
 
 
 def test_a_negative_fixed_offset_never_makes_the_fixed_time_negative():
