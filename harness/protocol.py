@@ -280,9 +280,9 @@ def predict_config(cfg: Mapping[str, Any], host: Mapping[str, Any] | None = None
     options = cfg.get("engine_options") or {}
     prompts = list(cfg["prompt_tokens"] or [])
 
-    def estimate_at(prompt_tokens: int, launch: bool = True) -> dict:
+    def estimate_at(arch: Any, device: Any, prompt_tokens: int, launch: bool = True) -> dict:
         return predict(
-            _model_arch(cfg), _predictor_device(cfg, host), quant=cfg.get("quant"), context=int(cfg["context"]),
+            arch, device, quant=cfg.get("quant"), context=int(cfg["context"]),
             engine=cfg["engine"], prompt_tokens=prompt_tokens, batch=int(cfg["batch"]),
             kv_dtype=cfg.get("kv_dtype"), device_count=int(cfg["device_count"]),
             offload_fraction=float(cfg.get("offload_fraction") or 0.0),
@@ -294,9 +294,10 @@ def predict_config(cfg: Mapping[str, Any], host: Mapping[str, Any] | None = None
     try:
         # TTFT and prefill for the longest prompt; decode where the harness measures it: after the shortest
         # prompt, halfway through the generated tokens.
-        prediction = estimate_at(max(prompts or [512]))
+        arch, device = _model_arch(cfg), _predictor_device(cfg, host)
+        prediction = estimate_at(arch, device, max(prompts or [512]))
         decode_at = min(prompts or [DEFAULT_DECODE_PROMPT_TOKENS]) + int(cfg.get("gen_tokens") or 0) // 2
-        decode = estimate_at(max(decode_at, 1), launch=False)["throughput"]
+        decode = estimate_at(arch, device, max(decode_at, 1), launch=False)["throughput"]
         for key in ("decode_tok_s", "decode_tok_s_total", "decode_context", "cost_per_1m_output_usd"):
             if key in decode:
                 prediction["throughput"][key] = decode[key]

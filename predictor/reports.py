@@ -34,7 +34,7 @@ def _not_in_catalogue(gpu: dict) -> str:
 
 
 def _rounded(x: float, nd: int) -> float | str:
-    """``x`` rounded, or a dash where the model cannot give it (prefill/TTFT on a device without FLOPS)."""
+    """``x`` rounded, or a dash where the model cannot give it (a catalogue entry without FLOPS or bandwidth)."""
     return round(float(x), nd) if np.isfinite(x) else "—"
 
 

@@ -38,25 +38,28 @@ def moe_active_fraction(arch: ModelArch, batch):
     return 1.0 - (1.0 - k / e) ** np.asarray(batch, float)
 
 
+def _step_params(arch: ModelArch, batch):
+    """(non-expert, routed-expert) parameters one decode step of ``batch`` tokens multiplies: the active
+    ones, plus the routed experts the batch touches."""
+    if not arch.num_experts:
+        return float(arch.params_active), np.zeros_like(np.asarray(batch, float))
+    dense_active = arch.params_active - arch.params_expert * arch.experts_per_token / arch.num_experts
+    return dense_active, arch.params_expert * moe_active_fraction(arch, batch)
+
+
 def decode_weight_bytes_per_step(arch: ModelArch, total_weights_bytes, batch, bits_per_weight=None,
                                  bits_per_weight_non_expert=None):
-    """Weight bytes streamed per decode step: active parameters, plus the experts a batch touches
-    (each part at its own width when the format quantizes the experts only)."""
+    """Weight bytes streamed per decode step (each part at its own width when the format quantizes the
+    experts only)."""
     expert_bpp, other_bpp = mem.bytes_per_param(arch, total_weights_bytes, bits_per_weight, bits_per_weight_non_expert)
-    if not arch.num_experts:
-        return arch.params_active * other_bpp
-    dense_active = arch.params_active - arch.params_expert * arch.experts_per_token / arch.num_experts
-    expert_params = arch.params_expert * moe_active_fraction(arch, batch)
-    return dense_active * other_bpp + expert_params * expert_bpp
+    dense, expert = _step_params(arch, batch)
+    return dense * other_bpp + expert * expert_bpp
 
 
 def decode_params_per_step(arch: ModelArch, batch):
-    """Weights (parameters) one decode step of ``batch`` tokens multiplies: the active ones, plus the
-    routed experts the batch touches."""
-    if not arch.num_experts:
-        return np.asarray(float(arch.params_active)) + np.zeros_like(np.asarray(batch, float))
-    dense_active = arch.params_active - arch.params_expert * arch.experts_per_token / arch.num_experts
-    return dense_active + arch.params_expert * moe_active_fraction(arch, batch)
+    """Weights (parameters) one decode step of ``batch`` tokens multiplies."""
+    dense, expert = _step_params(arch, batch)
+    return dense + expert
 
 
 def decode_step_seconds(
