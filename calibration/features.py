@@ -34,7 +34,13 @@ from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, ENGINE_DEFAULTS
 from predictor.devices import cpu_device, resolve_device
 from predictor.errors import BenchcalError
-from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_HOST_MEMORY_GIB, device_kwargs, evaluate
+from predictor.estimate import (
+    DEFAULT_HOST_BANDWIDTH_GBS,
+    DEFAULT_HOST_MEMORY_GIB,
+    device_kwargs,
+    evaluate,
+    known_weights_bytes,
+)
 from predictor.quants import resolve_kv_dtype, resolve_quant
 
 NEUTRAL_INVERSE = 1e200  # an efficiency this large removes its term (bytes / (eta * BW) ~ 0)
@@ -139,6 +145,8 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
     quant = resolve_quant(str(row.get("quant") or ("Q4_K_M" if engine == "llama.cpp" else "BF16")), engine)
     kv = resolve_kv_dtype(str(row.get("kv_dtype") or "f16"), engine)
     exact = row.get("weights_bytes")
+    if not (_finite(exact) and float(exact) > 0):  # no size recorded: sized as predict() sizes it
+        exact = known_weights_bytes(arch, quant, engine)[0]
     host_bw = row.get("host_bandwidth_gbs") if device.kind == "gpu" else device.bandwidth_gbs
     return {
         "arch": arch,

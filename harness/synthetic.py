@@ -6,10 +6,9 @@ model with the real tensor shapes and random quantized blocks measures like the 
 ``</s>``, 256 byte tokens) padded to the architecture's vocabulary size so embeddings and the output layer
 have their real shapes.
 
-Tensor types follow llama.cpp's quantization rules for the chosen file type (``llama_tensor_get_type_impl``
-and ``tensor_type_fallback`` in llama.cpp ``src/llama-quant.cpp``): the output tensor (or tied embeddings)
-in Q6_K, more bits for some ``attn_v`` / ``ffn_down`` layers in Q4_K_M, Q5_0/Q8_0 fallbacks when a row is
-not a multiple of 256, norms in F32.
+Tensors and their types are the predictor's plan of the file llama-quantize writes
+(``predictor.gguf_layout``): the output tensor (or tied embeddings) in Q6_K, more bits for some ``attn_v`` /
+``ffn_down`` layers in Q4_K_M, Q5_0/Q8_0 fallbacks when a row is not a multiple of 256, norms in F32.
 
 Blocks are written directly (random quant values plus finite fp16 scales) and streamed to disk in chunks;
 the whole model is never in memory. Files are cached by content hash under
@@ -23,47 +22,30 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from predictor import gguf_layout as layout
 from predictor.errors import BenchcalError, suggest
+from predictor.gguf_layout import TensorPlan, gguf_architecture
 
 GENERATOR_VERSION = 2  # 2: quantized/F16 data drawn from a per-file pool of random blocks
 CHUNK_BYTES = 32 * 2**20  # random data generated and written per step
 ALIGNMENT_BYTES = 32  # GGUF default data alignment
 
-# GGML type -> (values per block, bytes per block, byte offsets of fp16 scales inside the block).
-# Layouts from ggml-common.h (block_q4_0, block_q5_0, block_q5_1, block_q8_0, block_q4_K, block_q5_K,
-# block_q6_K).
-GGML_BLOCKS: dict[str, tuple[int, int, tuple[int, ...]]] = {
-    "F32": (1, 4, ()),
-    "F16": (1, 2, ()),
-    "Q4_0": (32, 18, (0,)),
-    "Q5_0": (32, 22, (0,)),
-    "Q5_1": (32, 24, (0, 2)),
-    "Q8_0": (32, 34, (0,)),
-    "Q4_K": (256, 144, (0, 2)),
-    "Q5_K": (256, 176, (0, 2)),
-    "Q6_K": (256, 210, (208,)),
+# Byte offsets of the fp16 scales inside a block of each type the writer fills (ggml-common.h: block_q4_0,
+# block_q5_0, block_q5_1, block_q8_0, block_q4_K, block_q5_K, block_q6_K), and GGML type ids (ggml.h).
+SCALE_OFFSETS: dict[str, tuple[int, ...]] = {
+    "F32": (), "F16": (), "Q4_0": (0,), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
 }
 GGML_TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-
-# File type name -> (default tensor type, llama_ftype value); values from llama.h ``enum llama_ftype``.
+# File types whose every tensor type the writer can fill (name -> (default tensor type, llama_ftype)).
 FILE_TYPES: dict[str, tuple[str, int]] = {
-    "F16": ("F16", 1),
-    "Q4_0": ("Q4_0", 2),
-    "Q8_0": ("Q8_0", 7),
-    "Q5_0": ("Q5_0", 8),
-    "Q4_K_S": ("Q4_K", 14),
-    "Q4_K_M": ("Q4_K", 15),
-    "Q5_K_M": ("Q5_K", 17),
-    "Q6_K": ("Q6_K", 18),
+    name: layout.FILE_TYPES[name] for name in ("F16", "Q4_0", "Q8_0", "Q5_0", "Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K")
 }
-# A 256-block type whose row length does not divide: llama.cpp's fallback (src/llama-quant.cpp).
-K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2
 SPECIAL_TOKEN_IDS = (0, 1, 2)
 
@@ -77,24 +59,6 @@ _SCALE_RANGE = {
     "Q5_K": (0.0003, 0.001),
     "Q6_K": (0.00005, 0.0002),
 }
-
-
-@dataclass(frozen=True)
-class TensorPlan:
-    """One tensor of a synthetic file. ``shape`` in numpy (row-major) order, last dim = row length."""
-
-    name: str
-    shape: tuple[int, ...]
-    ggml_type: str
-
-    @property
-    def n_values(self) -> int:
-        return int(np.prod(self.shape))
-
-    @property
-    def nbytes(self) -> int:
-        block_values, block_bytes, _ = GGML_BLOCKS[self.ggml_type]
-        return self.n_values // block_values * block_bytes
 
 
 # ------------------------------------------------------------------------------------------ architecture
@@ -158,18 +122,6 @@ def spec_from_arch(arch: Any, overrides: Mapping[str, int] | None = None,
     return spec
 
 
-def gguf_architecture(spec: Mapping[str, Any]) -> str:
-    """The llama.cpp architecture used to lay out the tensors: qwen2 (qkv bias), qwen3 (q/k norm),
-    qwen3moe, else llama (dense or Mixtral-style MoE). Shapes, and so bytes and speed, are the model's."""
-    name = re.sub(r"[^a-z0-9]", "", str(spec["architecture"]).lower())
-    moe = int(spec.get("num_experts") or 0) > 1
-    if name.startswith("qwen3"):
-        return "qwen3moe" if moe else "qwen3"
-    if name.startswith("qwen2") and not moe:
-        return "qwen2"
-    return "llama"
-
-
 def catalogue_entry(model_id: str) -> dict[str, Any] | None:
     """The raw catalogue entry (with its Hugging Face ``config``) of a catalogue model id."""
     from predictor.models import load_catalogue_entries
@@ -205,110 +157,15 @@ def resolve_arch(model: str, overrides: Mapping[str, int] | None = None) -> Any:
     return from_hf_config(config, id=arch.id, name=arch.name, hf_id=arch.hf_id, source=entry["source"])
 
 
-# --------------------------------------------------------------------------------------- quant choices
-
-
-def _use_more_bits(i_layer: int, n_layers: int) -> bool:
-    """llama.cpp's ``use_more_bits``: first and last eighth of layers and every third in between."""
-    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
-
-
-def _fallback(ggml_type: str, row_values: int) -> str:
-    """llama.cpp's ``tensor_type_fallback`` for a row length the block size does not divide."""
-    block_values = GGML_BLOCKS[ggml_type][0]
-    if row_values % block_values == 0:
-        return ggml_type
-    replacement = K_FALLBACK.get(ggml_type, ggml_type)
-    return replacement if row_values % GGML_BLOCKS[replacement][0] == 0 else "F16"
-
-
-def tensor_type(role: str, i_layer: int, spec: Mapping[str, Any], file_type: str, row_values: int) -> str:
-    """GGML type of one 2-D/3-D weight in a ``file_type`` file (llama.cpp ``llama_tensor_get_type_impl``)."""
-    default, _ = FILE_TYPES[file_type]
-    if default == "F16":
-        return "F16"
-    n_layers = int(spec["num_layers"])
-    n_expert = int(spec.get("num_experts") or 0)
-    chosen = default
-    if role == "output" or (role == "token_embd" and spec["tie_embeddings"]):
-        if row_values % GGML_BLOCKS[default][0] != 0:
-            chosen = "Q8_0"
-        elif default != "Q8_0":
-            chosen = "Q6_K"
-    elif role == "attn_v":
-        if file_type in ("Q4_K_M", "Q5_K_M") and _use_more_bits(i_layer, n_layers):
-            chosen = "Q6_K"
-        elif file_type == "Q4_K_S" and i_layer < 4:
-            chosen = "Q5_K"
-        if n_expert == 8:
-            chosen = "Q8_0"
-    elif role == "attn_k" and n_expert == 8:
-        chosen = "Q8_0"
-    elif role == "ffn_down":
-        if file_type in ("Q4_K_M", "Q5_K_M") and _use_more_bits(i_layer, n_layers):
-            chosen = "Q6_K"
-        elif file_type == "Q4_K_S" and i_layer < n_layers // 8:
-            chosen = "Q5_K"
-    elif role == "attn_output" and n_expert == 8 and file_type in ("Q4_K_S", "Q4_K_M"):
-        chosen = "Q5_K"
-    return _fallback(chosen, row_values)
-
-
-def _layer_tensors(spec: Mapping[str, Any], file_type: str, i: int) -> list[TensorPlan]:
-    hidden = int(spec["hidden_size"])
-    head_dim = int(spec["head_dim"])
-    q_dim = int(spec["num_attention_heads"]) * head_dim
-    kv_dim = int(spec["num_kv_heads"]) * head_dim
-    arch = spec["gguf_arch"]
-    n_expert = int(spec.get("num_experts") or 0)
-    prefix = f"blk.{i}."
-
-    def weight(role: str, suffix: str, shape: tuple[int, ...]) -> TensorPlan:
-        return TensorPlan(prefix + suffix, shape, tensor_type(role, i, spec, file_type, shape[-1]))
-
-    plans = [
-        TensorPlan(prefix + "attn_norm.weight", (hidden,), "F32"),
-        weight("attn_q", "attn_q.weight", (q_dim, hidden)),
-        weight("attn_k", "attn_k.weight", (kv_dim, hidden)),
-        weight("attn_v", "attn_v.weight", (kv_dim, hidden)),
-        weight("attn_output", "attn_output.weight", (hidden, q_dim)),
-        TensorPlan(prefix + "ffn_norm.weight", (hidden,), "F32"),
-    ]
-    if arch == "qwen2":
-        plans += [TensorPlan(prefix + f"attn_{p}.bias", (d,), "F32") for p, d in (("q", q_dim), ("k", kv_dim), ("v", kv_dim))]
-    if arch in ("qwen3", "qwen3moe"):
-        plans += [TensorPlan(prefix + f"attn_{p}_norm.weight", (head_dim,), "F32") for p in ("q", "k")]
-    if n_expert > 1:
-        ffn = int(spec["moe_intermediate_size"])
-        plans += [
-            TensorPlan(prefix + "ffn_gate_inp.weight", (n_expert, hidden), "F32"),
-            weight("ffn_gate", "ffn_gate_exps.weight", (n_expert, ffn, hidden)),
-            weight("ffn_up", "ffn_up_exps.weight", (n_expert, ffn, hidden)),
-            weight("ffn_down", "ffn_down_exps.weight", (n_expert, hidden, ffn)),
-        ]
-    else:
-        ffn = int(spec["intermediate_size"])
-        plans += [
-            weight("ffn_gate", "ffn_gate.weight", (ffn, hidden)),
-            weight("ffn_up", "ffn_up.weight", (ffn, hidden)),
-            weight("ffn_down", "ffn_down.weight", (hidden, ffn)),
-        ]
-    return plans
+# ------------------------------------------------------------------------------------------ tensor plan
 
 
 def tensor_plan(spec: Mapping[str, Any], file_type: str) -> list[TensorPlan]:
-    """Every tensor of the synthetic file, in file order."""
+    """Every tensor of the synthetic file, in file order: llama-quantize's types (``predictor.gguf_layout``)."""
     if file_type not in FILE_TYPES:
         raise BenchcalError(f"synthetic checkpoints support {', '.join(FILE_TYPES)}, not {file_type!r}"
                             f"{suggest(file_type, FILE_TYPES)}")
-    hidden, vocab = int(spec["hidden_size"]), int(spec["vocab_size"])
-    plans = [TensorPlan("token_embd.weight", (vocab, hidden), tensor_type("token_embd", 0, spec, file_type, hidden))]
-    for i in range(int(spec["num_layers"])):
-        plans.extend(_layer_tensors(spec, file_type, i))
-    plans.append(TensorPlan("output_norm.weight", (hidden,), "F32"))
-    if not spec["tie_embeddings"]:
-        plans.append(TensorPlan("output.weight", (vocab, hidden), tensor_type("output", 0, spec, file_type, hidden)))
-    return plans
+    return layout.tensor_plan(spec, file_type)
 
 
 def weights_bytes(spec: Mapping[str, Any], file_type: str) -> int:
@@ -321,7 +178,7 @@ def weights_bytes(spec: Mapping[str, Any], file_type: str) -> int:
 
 def _random_blocks(rng: np.random.Generator, ggml_type: str, n_blocks: int) -> np.ndarray:
     """``n_blocks`` random blocks of a quantized type as raw bytes, fp16 scales set to finite values."""
-    _, block_bytes, scale_offsets = GGML_BLOCKS[ggml_type]
+    block_bytes, scale_offsets = layout.GGML_BLOCKS[ggml_type][1], SCALE_OFFSETS[ggml_type]
     raw = np.frombuffer(rng.bytes(n_blocks * block_bytes), dtype=np.uint8).reshape(n_blocks, block_bytes).copy()
     low, high = _SCALE_RANGE[ggml_type]
     for offset in scale_offsets:
@@ -350,7 +207,7 @@ class _BlockPool:
         self.pools: dict[str, np.ndarray] = {}
 
     def chunk(self, ggml_type: str, n_blocks: int) -> np.ndarray:
-        block_values, block_bytes, _ = GGML_BLOCKS[ggml_type]
+        block_values, block_bytes = layout.GGML_BLOCKS[ggml_type]
         per_chunk = max(1, CHUNK_BYTES // block_bytes)
         pool = self.pools.get(ggml_type)
         if pool is None:
@@ -372,7 +229,7 @@ def _tensor_chunks(rng: np.random.Generator, plan: TensorPlan, pool: _BlockPool 
         yield values.view(np.uint8)
         return
     pool = pool or _BlockPool(rng)
-    block_values, block_bytes, _ = GGML_BLOCKS[plan.ggml_type]
+    block_values, block_bytes = layout.GGML_BLOCKS[plan.ggml_type]
     total_blocks = plan.n_values // block_values
     per_chunk = max(1, CHUNK_BYTES // block_bytes)
     for start in range(0, total_blocks, per_chunk):

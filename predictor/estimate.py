@@ -24,6 +24,7 @@ from predictor.coefficients import (
 )
 from predictor.devices import Device, resolve_device
 from predictor.errors import BenchcalError, non_negative, positive
+from predictor.gguf_layout import planned_weights_bytes
 from predictor.models import resolve_model
 from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype, resolve_quant
 
@@ -82,8 +83,9 @@ def evaluate(
     n_dev = _arr(device_count)
     L = arch.num_layers
     total_w = mem.weights_bytes(arch, bits_per_weight, bits_per_weight_non_expert)
-    if exact_weights_bytes is not None:
-        total_w = _arr(exact_weights_bytes) + np.zeros_like(total_w)
+    if exact_weights_bytes is not None:  # NaN where a quant's bytes are unknown: its average width
+        exact = _arr(exact_weights_bytes) + np.zeros_like(total_w)
+        total_w = np.where(np.isfinite(exact), exact, total_w)
     embd_w = mem.embedding_bytes(arch, total_w, bits_per_weight, bits_per_weight_non_expert)
     out_w = mem.output_bytes(arch, total_w, bits_per_weight, bits_per_weight_non_expert)
     # llama.cpp keeps the input embedding on the host (untied models); vLLM keeps everything on the GPU.
@@ -234,10 +236,18 @@ class Estimate:
     n_ubatch: int
     coefficients: CoefficientSet
     values: dict[str, float]
-    weights_exact: bool
+    weights_source: str  # WEIGHTS_FROM_FILE, WEIGHTS_FROM_PLAN or WEIGHTS_FROM_WIDTH
     host_bandwidth_gbs: float
     throughput_offload_fraction: float = 0.0  # the offload the speeds assume (the recommended one when needed)
     launch: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def weights_bits_per_weight(self) -> float | None:
+        """Bits per weight: the format's average width, or the file's or llama-quantize plan's own average
+        (more than the format's where the output layer and some layers keep more bits)."""
+        if self.weights_source == WEIGHTS_FROM_WIDTH:
+            return self.quant.bits_per_weight
+        return round(self.values["weights_total_bytes"] * 8.0 / self.model.params_total, 3)
 
     @property
     def verdict(self) -> str:
@@ -281,7 +291,9 @@ class Estimate:
             "memory": {
                 "weights_gib": _r(v["weights_bytes"] / GIB),
                 "weights_total_gib": _r(v["weights_total_bytes"] / GIB),
-                "weights_exact": self.weights_exact,
+                "weights_exact": self.weights_source == WEIGHTS_FROM_FILE,
+                "weights_source": self.weights_source,
+                "weights_bits_per_weight": self.weights_bits_per_weight,
                 "kv_cache_gib": _r(v["kv_cache_bytes"] / GIB),
                 "runtime_gib": _r(v["runtime_bytes"] / GIB),
                 "total_gib": _r(v["total_bytes"] / GIB),
@@ -327,6 +339,25 @@ def require_context(arch: ModelArch, context: int) -> None:
     positive("--ctx", context)
     if context > arch.max_context:
         raise BenchcalError(f"context {context} is above {arch.id}'s maximum of {arch.max_context} tokens")
+
+
+WEIGHTS_FROM_FILE = "GGUF file"
+WEIGHTS_FROM_PLAN = "llama-quantize tensor types"
+WEIGHTS_FROM_WIDTH = "average width"
+
+
+def known_weights_bytes(arch: ModelArch, quant: QuantFormat, engine: str) -> tuple[float | None, str]:
+    """The weights' tensor bytes where known beyond the format's average width, and how they are known:
+    the model's own GGUF file, or (llama.cpp) the tensor types llama-quantize gives each of its weights."""
+    if arch.weights_bytes_exact and arch.weights_quant == quant.id:
+        return float(arch.weights_bytes_exact), WEIGHTS_FROM_FILE
+    if engine == "llama.cpp":
+        planned = planned_weights_bytes(arch, quant.id)
+        if planned is not None:
+            # The plan is the language model's file; parameters outside it (Gemma 3's vision tower, in
+            # params_total) keep the file's average width, as every part of a model does without a plan.
+            return float(planned) * arch.params_total / (arch.params_total - arch.params_extra), WEIGHTS_FROM_PLAN
+    return None, WEIGHTS_FROM_WIDTH
 
 
 def require_bits(quant: QuantFormat, exact_weights_bytes: float | None) -> None:
@@ -402,7 +433,7 @@ def predict(
     else:
         table = load_coefficients(coefficients)
     cset = table.lookup(eng, dev.id, dev.family)
-    exact = arch.weights_bytes_exact if (arch.weights_bytes_exact and arch.weights_quant == q.id) else None
+    exact, weights_source = known_weights_bytes(arch, q, eng)
     require_bits(q, exact)
     host_bw = float(host_bandwidth_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else DEFAULT_HOST_BANDWIDTH_GBS))
     values = evaluate(
@@ -440,7 +471,7 @@ def predict(
         model=arch, device=dev, quant=q, engine=eng, context=int(context), batch=int(batch), kv_dtype=kv.id,
         device_count=int(device_count), prompt_tokens=int(prompt_tokens), offload_fraction=float(offload_fraction),
         flash_attn=bool(flash_attn), n_ubatch=int(n_ubatch), coefficients=cset, values=scalars,
-        weights_exact=exact is not None, host_bandwidth_gbs=host_bw, throughput_offload_fraction=throughput_offload,
+        weights_source=weights_source, host_bandwidth_gbs=host_bw, throughput_offload_fraction=throughput_offload,
     )
     if launch:
         from predictor.launch import launch_commands  # local: launch builds a sibling prediction

@@ -13,7 +13,13 @@ import numpy as np
 from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, Coefficients
 from predictor.devices import Device
-from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_PROMPT_TOKENS, device_kwargs, evaluate
+from predictor.estimate import (
+    DEFAULT_HOST_BANDWIDTH_GBS,
+    DEFAULT_PROMPT_TOKENS,
+    device_kwargs,
+    evaluate,
+    known_weights_bytes,
+)
 from predictor.memory import CPU_REPACKED_QUANTS
 from predictor.quants import QuantFormat
 
@@ -40,11 +46,11 @@ def sweep(
     n_ubatch: int = 512,
     host_bandwidth_gbs: float = DEFAULT_HOST_BANDWIDTH_GBS,
     with_max_context: bool = True,
-    exact_weights_bytes: float | None = None,
 ) -> dict[str, np.ndarray]:
     """Evaluate every (device, quant, context, batch) cell; arrays of shape (D, Q, C, B).
 
-    ``exact_weights_bytes`` (a GGUF's tensor bytes) replaces bits-per-weight when the sweep has one quant.
+    Each quant's weights are sized as ``predict`` sizes them (``known_weights_bytes``: the model's GGUF,
+    llama-quantize's tensor types, else the format's average width).
     """
     table = table or Coefficients()
     D = len(devices)
@@ -59,6 +65,8 @@ def sweep(
     if any(x is not None for x in non_expert):
         # Formats that quantize every tensor use their own width for the non-expert part too.
         bpw_ne = np.array([qf.bits_per_weight if x is None else x for qf, x in zip(quants, non_expert)])[q]
+    known = [known_weights_bytes(arch, qf, engine)[0] for qf in quants]
+    exact_weights_bytes = np.array([np.nan if b is None else b for b in known])[q]
     repack = np.array([qf.id in CPU_REPACKED_QUANTS for qf in quants])[q]
     ctx = np.array(contexts, dtype=float)[None, None, :, None]
     bat = np.array(batches, dtype=float)[None, None, None, :]

@@ -13,7 +13,15 @@ import numpy as np
 from predictor.architecture import ModelArch
 from predictor.coefficients import Coefficients
 from predictor.devices import Device, load_devices
-from predictor.estimate import GIB, VERDICTS, Estimate, predict, require_bits
+from predictor.estimate import (
+    GIB,
+    VERDICTS,
+    WEIGHTS_FROM_WIDTH,
+    Estimate,
+    known_weights_bytes,
+    predict,
+    require_bits,
+)
 from predictor.grid import sweep
 from predictor.quants import QuantFormat, quant_formats, resolve_kv_dtype, resolve_quant
 from predictor.render import Chart, Report
@@ -64,7 +72,9 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
         ),
         data=d,
     )
-    weights_note = "exact (file)" if mem["weights_exact"] else f"{est.quant.bits_per_weight} bits/weight"
+    weights_note = f"{mem['weights_bits_per_weight']} bits/weight"
+    if mem["weights_source"] != WEIGHTS_FROM_WIDTH:
+        weights_note += f", {mem['weights_source']}"
     rep.add("Memory", "kv", [
         ["Model weights on device", f"{mem['weights_gib']:.2f} GiB ({weights_note})"],
         ["KV cache", f"{mem['kv_cache_gib']:.2f} GiB"],
@@ -134,10 +144,9 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
     q = resolve_quant(quant, engine)
     kv = resolve_kv_dtype(kv_dtype or ("f16" if engine == "llama.cpp" else "bf16"), engine)
     devs = [d for d in (devices or load_devices()) if engine in d.engines and d.kind != "cpu"]
-    exact = arch.weights_bytes_exact if arch.weights_quant == q.id else None
-    require_bits(q, exact)
+    require_bits(q, known_weights_bytes(arch, q, engine)[0])
     r = sweep(arch, engine, devs, [q], [context], [batch], table=table, kv_bytes_per_element=kv.bytes_per_element,
-              prompt_tokens=prompt_tokens, exact_weights_bytes=exact)
+              prompt_tokens=prompt_tokens)
     order = np.lexsort((-r["decode_tok_s"][:, 0, 0, 0], r["verdict"][:, 0, 0, 0]))
     rows = []
     for i in order:
@@ -167,7 +176,7 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
         ctxs = contexts_for(arch)
         scale = sweep(arch, engine, [devs[i] for i in top], [q], ctxs, [batch], table=table,
                       kv_bytes_per_element=kv.bytes_per_element, prompt_tokens=max(ctxs),  # decode at a full context
-                      exact_weights_bytes=exact, with_max_context=False)
+                      with_max_context=False)
         rep.charts.append(Chart(f"Decode speed at a full context ({q.id}, batch {batch})", "context (tokens)", "tok/s", {
             devs[i].name: (ctxs, [round(float(x), 2) if v <= 1 else float("nan")
                                   for x, v in zip(scale["decode_tok_s"][k, 0, :, 0], scale["verdict"][k, 0, :, 0])])
@@ -187,14 +196,18 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
     names = MATRIX_QUANTS if engine == "llama.cpp" else VLLM_MATRIX_QUANTS
     quants: list[QuantFormat] = [qf for qf in quant_formats()
                                  if qf.id in names and engine in qf.engines and qf.bits_per_weight]
-    quants.sort(key=lambda qf: -qf.bits_per_weight)
+    known = {qf.id: known_weights_bytes(arch, qf, engine)[0] for qf in quants}
+    quants.sort(key=lambda qf: -(known[qf.id] or arch.params_total * qf.bits_per_weight / 8.0))  # widest first
     ctxs = list(contexts or contexts_for(arch))
     kv = resolve_kv_dtype(kv_dtype or ("f16" if engine == "llama.cpp" else "bf16"), engine)
     r = sweep(arch, engine, [device], quants, ctxs, [1], table=table, kv_bytes_per_element=kv.bytes_per_element,
               device_count=device_count)
     rows = []
     for j, qf in enumerate(quants):
-        row = [qf.id, qf.bits_per_weight, _gib(r["weights_total_bytes"][0, j, 0, 0])]
+        weights = float(r["weights_total_bytes"][0, j, 0, 0])
+        planned = known[qf.id] is not None
+        bits = round(weights * 8.0 / arch.params_total, 3) if planned else qf.bits_per_weight
+        row = [qf.id, bits, _gib(weights)]
         for k in range(len(ctxs)):
             v = {name: float(a[0, j, k, 0]) for name, a in r.items()}
             speed = f", {v['decode_tok_s']:.1f} tok/s" if v["verdict"] <= 1 else ""
@@ -255,15 +268,14 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
     """
     q = resolve_quant(quant or ("Q4_K_M" if engine == "llama.cpp" else "AWQ"), engine)
     devs = [d for d in load_devices() if engine in d.engines and d.kind != "cpu"]
-    exact = arch.weights_bytes_exact if arch.weights_quant == q.id else None
-    require_bits(q, exact)
+    require_bits(q, known_weights_bytes(arch, q, engine)[0])
     candidates = []  # (device, count, values)
     for n in rig_sizes:
         pool = devs if n == 1 else [d for d in devs if d.kind == "gpu"]
         if not pool:
             continue
         r = sweep(arch, engine, pool, [q], [context], [1], table=table, device_count=n, prompt_tokens=prompt_tokens,
-                  with_max_context=False, exact_weights_bytes=exact)
+                  with_max_context=False)
         for i, d in enumerate(pool):
             v = {k: float(a[i, 0, 0, 0]) for k, a in r.items()}
             if v["verdict"] != 0 or v["decode_tok_s"] < min_decode:
@@ -322,7 +334,7 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
             continue
         d, n = pick[0], pick[1]
         s_ = sweep(arch, engine, [d], [q], ctxs, [1], table=table, device_count=n, prompt_tokens=max(ctxs),
-                   with_max_context=False, exact_weights_bytes=exact)  # decode at a full context
+                   with_max_context=False)  # decode at a full context
         name = f"{n}x {d.name}" if n > 1 else d.name
         series[f"{label}: {name}"] = (ctxs, [round(float(x), 2) if v <= 1 else float("nan")
                                              for x, v in zip(s_["decode_tok_s"][0, 0, :, 0], s_["verdict"][0, 0, :, 0])])

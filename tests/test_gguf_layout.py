@@ -1,0 +1,106 @@
+"""predictor.gguf_layout: llama-quantize's tensor types, checked against llama.cpp's rules and published files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import synthetic
+from predictor import gguf_layout as layout
+from predictor.estimate import (
+    WEIGHTS_FROM_FILE,
+    WEIGHTS_FROM_PLAN,
+    WEIGHTS_FROM_WIDTH,
+    known_weights_bytes,
+    predict,
+)
+from predictor.models import load_catalogue, resolve_model
+from predictor.quants import quant_formats, resolve_quant
+
+SIZES = Path(__file__).parent / "data" / "gguf-file-sizes" / "published_sizes.json"
+
+
+def _types(model: str, file_type: str) -> dict[str, str]:
+    return {t.name: t.ggml_type for t in layout.tensor_plan(layout.layout_spec(resolve_model(model)), file_type)}
+
+
+def test_every_published_file_size_is_reproduced():
+    files = json.loads(SIZES.read_text())["files"]
+    assert len(files) >= 200
+    for entry in files:
+        arch = resolve_model(entry["model"])
+        assert known_weights_bytes(arch, resolve_quant(entry["quant"], "llama.cpp"), "llama.cpp")[1] == WEIGHTS_FROM_PLAN
+        planned = layout.planned_weights_bytes(arch, entry["quant"])
+        # The file also holds its metadata (tokenizer: a few MB); the displayed size is rounded.
+        assert abs(entry["size_bytes"] - planned) <= 0.01 * entry["size_bytes"] + 8e6, entry
+        if entry["model"] == "qwen2.5-72b":  # every K-quant mix of the 72B, Q2_K to Q8_0, within 0.1%
+            assert abs(entry["size_bytes"] - planned) <= 0.001 * entry["size_bytes"], entry
+
+
+def test_the_plan_is_what_the_synthetic_writer_writes():
+    for arch in load_catalogue():
+        planned = layout.planned_weights_bytes(arch, "Q4_K_M")
+        if planned is not None:
+            assert planned == synthetic.weights_bytes(synthetic.resolve_spec(arch.id), "Q4_K_M"), arch.id
+
+
+def test_file_types_and_block_sizes_agree_with_the_quant_catalogue():
+    for qf in quant_formats():
+        if qf.id in layout.FILE_TYPES:
+            assert layout.FILE_TYPES[qf.id] == (qf.gguf_type, qf.llama_ftype), qf.id
+        if qf.id in ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q4_0"):  # the catalogue lists these at the type's width
+            values, nbytes = layout.GGML_BLOCKS[qf.gguf_type]
+            assert qf.bits_per_weight == pytest.approx(nbytes * 8 / values), qf.id
+
+
+def test_q4_k_m_rules():
+    types = _types("qwen2.5-72b", "Q4_K_M")
+    assert types["output.weight"] == "Q6_K"
+    assert types["token_embd.weight"] == "Q4_K"  # untied: the mix's own type
+    # 80 layers: llama.cpp's 70B type, whose attn_v gets Q5_K where use_more_bits does not give Q6_K.
+    assert types["blk.0.attn_v.weight"] == "Q6_K" and types["blk.11.attn_v.weight"] == "Q5_K"
+    # ffn_down rows of 29568 values are not a multiple of 256: Q4_K falls back to Q5_0, Q6_K to Q8_0.
+    assert types["blk.11.ffn_down.weight"] == "Q5_0" and types["blk.0.ffn_down.weight"] == "Q8_0"
+    assert types["blk.11.attn_q.weight"] == "Q4_K"
+    tied = _types("qwen2.5-0.5b", "Q4_K_M")
+    assert tied["token_embd.weight"] == "Q8_0"  # tied: the output's type, Q6_K falling back (896 % 256 != 0)
+    assert "output.weight" not in tied
+
+
+def test_other_mixes():
+    llama = _types("llama-3.1-8b", "Q3_K_M")
+    assert llama["blk.0.attn_v.weight"] == "Q5_K" and llama["blk.5.attn_v.weight"] == "Q4_K"
+    assert llama["blk.0.ffn_down.weight"] == "Q5_K" and llama["blk.5.ffn_down.weight"] == "Q4_K"
+    assert llama["blk.5.attn_output.weight"] == "Q4_K" and llama["blk.5.attn_q.weight"] == "Q3_K"
+    assert _types("llama-3.1-8b", "Q2_K")["blk.5.attn_v.weight"] == "Q4_K"  # 4 query heads per KV head
+    mixtral = _types("mixtral-8x7b", "Q4_K_M")
+    assert mixtral["blk.3.attn_v.weight"] == "Q8_0" and mixtral["blk.3.attn_k.weight"] == "Q8_0"
+    assert mixtral["blk.3.attn_output.weight"] == "Q5_K"
+    f16 = _types("llama-3.1-8b", "F16")
+    assert set(f16.values()) == {"F16", "F32"}
+    assert layout.planned_weights_bytes(resolve_model("llama-3.1-8b"), "Q4_K_M") == pytest.approx(4.92e9, rel=0.002)
+
+
+def test_layouts_not_planned_keep_the_average_width():
+    for model, quant in (("phi-4", "Q4_K_M"), ("gpt-oss-20b", "Q4_K_M"), ("deepseek-r1", "Q4_K_M"), ("qwen2.5-7b", "IQ4_XS")):
+        assert layout.planned_weights_bytes(resolve_model(model), quant) is None, model
+
+
+def test_predict_says_how_it_sized_the_weights():
+    planned = predict("qwen2.5-72b", "h200", "Q4_K_M", 8192, coefficients=None, launch=False)
+    assert planned.weights_source == WEIGHTS_FROM_PLAN
+    memory = planned.to_dict()["memory"]
+    assert memory["weights_source"] == WEIGHTS_FROM_PLAN and memory["weights_exact"] is False
+    assert memory["weights_bits_per_weight"] == pytest.approx(5.217, abs=0.002)
+    width = predict("phi-4", "h200", "Q4_K_M", 8192, coefficients=None, launch=False)
+    assert width.weights_source == WEIGHTS_FROM_WIDTH
+    assert width.to_dict()["memory"]["weights_bits_per_weight"] == resolve_quant("Q4_K_M").bits_per_weight
+    gemma = predict("gemma-3-4b", "h200", "Q4_K_M", 8192, coefficients=None, launch=False).to_dict()["memory"]
+    # The vision tower (not in the text GGUF) at the file's average width, as without a plan.
+    assert gemma["weights_bits_per_weight"] == pytest.approx(
+        layout.planned_weights_bytes(resolve_model("gemma-3-4b"), "Q4_K_M") * 8 / (3.88e9), rel=0.002)
+    vllm = predict("qwen2.5-7b", "h200", "BF16", 8192, engine="vllm", coefficients=None, launch=False)
+    assert vllm.weights_source == WEIGHTS_FROM_WIDTH
+    assert WEIGHTS_FROM_FILE == "GGUF file"
