@@ -104,3 +104,24 @@ def test_predict_says_how_it_sized_the_weights():
     vllm = predict("qwen2.5-7b", "h200", "BF16", 8192, engine="vllm", coefficients=None, launch=False)
     assert vllm.weights_source == WEIGHTS_FROM_WIDTH
     assert WEIGHTS_FROM_FILE == "GGUF file"
+
+
+def test_imported_llama_bench_model_sizes_match_the_plan():
+    """llama-bench's model_size is a file's tensor bytes: the imported runs check the plan to 0.1%."""
+    from harness import records
+
+    checked = 0
+    for stored in records.iter_records(Path(__file__).parents[1] / "runs"):
+        config, provenance = stored.record["config"], stored.record.get("provenance") or {}
+        size = provenance.get("weights_bytes")
+        if provenance.get("source") != "imported" or config["engine"] != "llama.cpp" or not size:
+            continue
+        if "qat" in str(provenance.get("imported_from")):
+            continue  # Google's quantization-aware Q4_0 file keeps the tied embedding in Q8_0, not Q6_K
+        planned = layout.planned_weights_bytes(resolve_model(config["model"]), config["quant"])
+        if planned is None:
+            continue
+        rounding = 0.005 * 2**30 if "rounds" in str(provenance.get("weights_bytes_note")) else 0.0
+        assert abs(planned - size) <= 0.001 * size + rounding, (config["model"], config["quant"], size, planned)
+        checked += 1
+    assert checked >= 300
