@@ -4,8 +4,9 @@ A quantization "mix" (Q4_K_M, Q8_0, ...) is not one width: llama-quantize keeps 
 tied embeddings) in Q6_K, gives some ``attn_v`` / ``ffn_down`` layers more bits, bumps the small ``attn_v``
 of 80-layer models, and falls back to a 32-value block type when a row is not a multiple of 256. The
 rules are llama.cpp's ``llama_tensor_get_type_impl`` and ``tensor_type_fallback`` (``src/llama-quant.cpp``)
-for the mixes below, without an importance matrix (which changes only Q4_0/Q5_0's first ``ffn_down``
-layers and the IQ mixes, not covered here). So a file's size follows from the architecture: Qwen2.5-72B
+for the mixes below, without an importance matrix except IQ4_NL / IQ4_XS, which are published with one
+(without it llama-quantize gives their first eighth of ``ffn_down`` layers Q5_K, about 1% more; with one, Q4_0
+and Q5_0 give theirs Q4_1 / Q5_1, about 0.5% more; the lower IQ mixes are not covered). So a file's size follows from the architecture: Qwen2.5-72B
 Q4_K_M is 5.2 bits per weight (its 29568-wide ``ffn_down`` rows fall back from Q4_K to Q5_0), Llama-3.1-8B
 4.9, Qwen2.5-0.5B 6.0 (a tied 136M-parameter embedding in Q6_K).
 
@@ -39,6 +40,8 @@ GGML_BLOCKS: dict[str, tuple[int, int]] = {
     "Q4_K": (256, 144),
     "Q5_K": (256, 176),
     "Q6_K": (256, 210),
+    "IQ4_NL": (32, 18),
+    "IQ4_XS": (256, 136),
 }
 
 # File type -> (default tensor type, llama_ftype value): llama.cpp ``llama_model_quantize_impl`` and
@@ -59,10 +62,12 @@ FILE_TYPES: dict[str, tuple[str, int]] = {
     "Q5_K_S": ("Q5_K", 16),
     "Q5_K_M": ("Q5_K", 17),
     "Q6_K": ("Q6_K", 18),
+    "IQ4_NL": ("IQ4_NL", 25),
+    "IQ4_XS": ("IQ4_XS", 30),
 }
 UNQUANTIZED = ("F32", "F16", "BF16")
 # A 256-block type whose row length does not divide: llama.cpp's ``tensor_type_fallback``.
-K_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+K_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}
 # Architectures whose GGUF holds the matrices laid out here (names normalised to [a-z0-9]).
 PLANNED_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "smollm", "gemma3")
 # llama.cpp's model type 70B (80 layers in the llama and qwen2 graphs) gets more bits in attn_v.
@@ -157,6 +162,8 @@ def _attn_v(ft: str, default: str, i: int, spec: Mapping[str, Any]) -> str:
         chosen = "Q5_K" if i < 2 else "Q4_K"
     elif ft == "Q3_K_L":
         chosen = "Q5_K"
+    elif ft in ("IQ4_NL", "IQ4_XS") and spec["num_attention_heads"] // spec["num_kv_heads"] >= 4:
+        chosen = "Q5_K"
     elif ft in ("Q4_K_M", "Q5_K_M") and use_more_bits(i, n_layers):
         chosen = "Q6_K"
     elif ft == "Q4_K_S" and i < 4:
@@ -182,7 +189,7 @@ def _ffn_down(ft: str, default: str, i: int, n_layers: int) -> str:
 
 def _attn_output(ft: str, default: str, n_expert: int) -> str:
     if n_expert == 8:
-        return "Q5_K" if ft in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M") else default
+        return "Q5_K" if ft in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS") else default
     return {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(ft, default)
 
 
