@@ -18,8 +18,9 @@ Names and units (every coefficient is physical so a fitted table can be read):
 - ``decode_fixed_per_layer_us``  fixed time per decode step per layer, microseconds (kernel launches)
 - ``decode_bw_efficiency``       achieved / peak memory bandwidth while streaming the weights, 0-1
 - ``decode_kv_efficiency``       achieved / peak memory bandwidth while attention reads the KV cache, 0-1
-- ``decode_dequant_flops_per_weight``  operations per quantized weight unpacked in a decode step, at the device's
-                                 peak FLOPS (unified-memory GPUs: Apple's ALUs run near their bandwidth limit)
+- ``decode_dequant_flops_per_byte``  operations per byte of quantized weights unpacked in a decode step, at the
+                                 device's peak FLOPS (unified-memory GPUs: Apple's ALUs run near their bandwidth
+                                 limit; the CPU: its measured FP32 rate)
 - ``prefill_fixed_ms``           fixed time per prompt, ms
 - ``prefill_dequant_bytes_per_weight``  device-memory traffic per quantized weight per ubatch when an old llama.cpp
                                  CUDA build dequantizes the weights to an FP16 buffer for cuBLAS (read quantized,
@@ -56,7 +57,7 @@ COEFFICIENT_NAMES = (
     "decode_fixed_per_layer_us",
     "decode_bw_efficiency",
     "decode_kv_efficiency",
-    "decode_dequant_flops_per_weight",
+    "decode_dequant_flops_per_byte",
     "prefill_fixed_ms",
     "prefill_dequant_bytes_per_weight",
     "prefill_unpack_flops_per_weight",
@@ -88,7 +89,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "decode_fixed_per_layer_us": (0.0, "uncalibrated: no per-layer term, as the public calculators assume"),
         "decode_bw_efficiency": (0.75, _CALC + "; midpoint"),
         "decode_kv_efficiency": (0.75, _KV),
-        "decode_dequant_flops_per_weight": (0.0, _DEQUANT),
+        "decode_dequant_flops_per_byte": (0.0, _DEQUANT),
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_dequant_bytes_per_weight": (0.0, "uncalibrated: no dequantization traffic"),
         "prefill_unpack_flops_per_weight": (0.0, _UNPACK),
@@ -109,7 +110,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "decode_fixed_per_layer_us": (0.0, "uncalibrated: no per-layer term"),
         "decode_bw_efficiency": (0.75, _CALC + "; midpoint"),
         "decode_kv_efficiency": (0.75, _KV),
-        "decode_dequant_flops_per_weight": (0.0, _DEQUANT),
+        "decode_dequant_flops_per_byte": (0.0, _DEQUANT),
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_dequant_bytes_per_weight": (0.0, "uncalibrated: no dequantization traffic"),
         "prefill_unpack_flops_per_weight": (0.0, _UNPACK),

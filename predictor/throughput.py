@@ -73,14 +73,14 @@ def decode_step_seconds(
     host_bandwidth_gbs,
     device_count=1,
     tensor_parallel: bool = True,
-    dequant_weights=0.0,
+    dequant_bytes=0.0,
     tflops=None,
 ):
     """Time of one decode step (one token for each sequence of the batch), seconds.
 
     ``device_weight_bytes``/``host_weight_bytes``: weights streamed from device and host memory;
-    ``kv_read_bytes``: KV cache read by the step (all sequences); ``dequant_weights``: quantized weights
-    the device unpacks in the step, each costing ``decode_dequant_flops_per_weight`` operations at the
+    ``kv_read_bytes``: KV cache read by the step (all sequences); ``dequant_bytes``: quantized bytes
+    the device unpacks in the step, each costing ``decode_dequant_flops_per_byte`` operations at the
     device's peak ``tflops`` (no term where ``tflops`` is unknown). Tensor parallelism divides the
     device bytes over ``device_count`` devices; layer split (llama.cpp) does not.
     """
@@ -101,7 +101,7 @@ def decode_step_seconds(
         peak = np.asarray(tflops, float) * TFLOP
         with np.errstate(invalid="ignore", divide="ignore"):
             t_dequant = np.where(np.isfinite(peak) & (peak > 0),
-                                 np.asarray(dequant_weights, float) / split * coeffs["decode_dequant_flops_per_weight"]
+                                 np.asarray(dequant_bytes, float) / split * coeffs["decode_dequant_flops_per_byte"]
                                  / np.where(peak > 0, peak, 1.0), 0.0)
     return t_fixed + t_device + t_host + t_comm + t_dequant
 

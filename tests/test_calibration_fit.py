@@ -179,12 +179,12 @@ def test_a_negative_offset_stays_valid_for_the_shallowest_catalogue_model():
 
 
 def test_fit_recovers_the_unpacking_cost_of_a_unified_memory_gpu(tmp_path):
-    # On a unified-memory GPU decode also pays decode_dequant_flops_per_weight operations per quantized
-    # weight at the device's FLOPS; four model sizes and two quants tell it from the bandwidth and fixed terms.
+    # On a unified-memory GPU decode also pays decode_dequant_flops_per_byte operations per quantized
+    # byte at the device's FLOPS; four model sizes and two quants tell it from the bandwidth and fixed terms.
     # Prefill pays prefill_unpack_flops_per_weight per quantized weight and token; F16 runs tell it apart from
     # the matmul efficiency.
     truth = {"decode_fixed_ms": 1.2, "decode_fixed_per_layer_us": 90.0, "decode_bw_efficiency": 0.75,
-             "decode_kv_efficiency": 0.6, "decode_dequant_flops_per_weight": 12.0, "prefill_fixed_ms": 15.0,
+             "decode_kv_efficiency": 0.6, "decode_dequant_flops_per_byte": 12.0, "prefill_fixed_ms": 15.0,
              "prefill_compute_efficiency": 0.5, "prefill_scores_efficiency": 0.1,
              "prefill_unpack_flops_per_weight": 0.6, "runtime_fixed_gib": 0.3, "compute_buffer_scale": 1.0}
     root = write_formula_fixture(tmp_path / "mac", devices={"macbook-pro-m1-max-64gb": truth},
@@ -199,4 +199,4 @@ def test_fit_recovers_the_unpacking_cost_of_a_unified_memory_gpu(tmp_path):
     # on discrete GPUs the term never acts, so their scopes carry no entry for it
     gpu = fit_table(load_dataset(write_formula_fixture(tmp_path / "gpu", devices={
         "rtx-4090": TRUE_DEVICE_COEFFICIENTS["rtx-4090"]}, models=("qwen2.5-0.5b",))))
-    assert "decode_dequant_flops_per_weight" not in gpu["engines"]["llama.cpp"]["devices"]["rtx-4090"]
+    assert "decode_dequant_flops_per_byte" not in gpu["engines"]["llama.cpp"]["devices"]["rtx-4090"]

@@ -106,26 +106,36 @@ def test_without_flash_attention_llama_cpp_reads_the_kv_once_per_query_head():
         assert est.values["decode_step_s"] == pytest.approx(reads * kv / bw, rel=1e-9), (engine, flash)
 
 
-def test_unified_memory_gpus_pay_for_unpacking_quantized_weights():
-    # Apple GPUs (no matrix units; FP16 at the ALU rate) unpack each quantized weight in the decode matvec
-    # at a rate close to their bandwidth: decode_dequant_flops_per_weight operations per weight at the listed
-    # FLOPS. Not for 16-bit weights, not on discrete GPUs (their listed peak is the tensor cores'), and not
-    # where the catalogue has no FLOPS figure (M3 Max).
+def test_unified_memory_gpus_and_the_cpu_pay_for_unpacking_quantized_weights():
+    # Apple GPUs (no matrix units; FP16 at the ALU rate) and the CPU unpack the quantized weights of the decode
+    # matvec at a rate close to their bandwidth: decode_dequant_flops_per_byte operations per quantized byte at
+    # the listed (CPU: measured) FLOPS. Not for 16-bit weights, not on discrete GPUs (their listed peak is the
+    # tensor cores'), and not where the catalogue has no FLOPS figure (M3 Max).
+    from predictor.devices import cpu_device
+
     arch = resolve_model("llama-3-8b")
     coeffs = {"decode_fixed_ms": 0.0, "decode_fixed_per_layer_us": 0.0, "decode_bw_efficiency": 1e200,
-              "decode_kv_efficiency": 1e200, "decode_dequant_flops_per_weight": 12.0}
+              "decode_kv_efficiency": 1e200, "decode_dequant_flops_per_byte": 12.0, "host_bw_efficiency": 1e200}
     table = Coefficients({"engines": {"llama.cpp": {"default": dict(coeffs)}}})
 
-    def step(device, quant):
-        return predict(arch, device, quant, 4096, prompt_tokens=512, coefficients=table,
-                       launch=False).values["decode_step_s"]
+    def est(device, quant):
+        return predict(arch, device, quant, 4096, prompt_tokens=512, coefficients=table, launch=False).values
 
     m1 = resolve_device("macbook-pro-m1-max-64gb")
-    assert step(m1.id, "Q4_K_M") == pytest.approx(arch.params_active * 12.0 / (m1.fp16_tflops * 1e12), rel=1e-9)
-    assert step(m1.id, "F16") == pytest.approx(0.0, abs=1e-12)
-    assert step("rtx-4090", "Q4_K_M") == pytest.approx(0.0, abs=1e-12)
+    q4 = est(m1.id, "Q4_K_M")
+    # the step's device-resident weights: all but the untied input embedding
+    streamed = q4["weights_total_bytes"] - arch.params_embedding * q4["weights_total_bytes"] / arch.params_total
+    assert q4["decode_step_s"] == pytest.approx(streamed * 12.0 / (m1.fp16_tflops * 1e12), rel=1e-9)
+    assert est(m1.id, "F16")["decode_step_s"] == pytest.approx(0.0, abs=1e-12)
+    assert est("rtx-4090", "Q4_K_M")["decode_step_s"] == pytest.approx(0.0, abs=1e-12)
     assert resolve_device("macbook-pro-m3-max-128gb").fp16_tflops is None
-    assert step("macbook-pro-m3-max-128gb", "Q4_K_M") == pytest.approx(0.0, abs=1e-12)
+    assert est("macbook-pro-m3-max-128gb", "Q4_K_M")["decode_step_s"] == pytest.approx(0.0, abs=1e-12)
+    cpu = cpu_device(bandwidth_gbs=20.0, tflops=0.1, memory_gib=24.0)
+    q8 = est(cpu, "Q8_0")
+    assert q8["decode_step_s"] == pytest.approx(
+        (q8["weights_total_bytes"] - arch.params_embedding * q8["weights_total_bytes"] / arch.params_total)
+        * 12.0 / 0.1e12, rel=1e-9)
+    assert est(cpu, "F16")["decode_step_s"] == pytest.approx(0.0, abs=1e-12)
 
 
 def prefill_only(device_id: str, bits_per_weight: float, term: str, value: float, **options) -> float:
