@@ -88,6 +88,7 @@ QUANTITY_TERMS: dict[str, tuple[Term, ...]] = {
         Term("prefill_scores_efficiency", True),
         Term("prefill_dequant_bytes_per_weight", False),
         Term("prefill_unpack_flops_per_weight", False),
+        Term("prefill_generic_flops_per_weight", False),
     ),
     "memory": (
         Term("runtime_fixed_gib", False),

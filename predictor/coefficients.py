@@ -28,6 +28,9 @@ Names and units (every coefficient is physical so a fitted table can be read):
 - ``prefill_unpack_flops_per_weight``  operations per quantized weight and prompt token a unified-memory GPU spends
                                  unpacking weight tiles in its matmul kernels (Metal), at peak FLOPS; fitted per
                                  device and family only
+- ``prefill_generic_flops_per_weight``  operations per weight and prompt token llama.cpp's generic CPU matmul path
+                                 (formats it does not repack into its GEMM layouts: Q8_0, F16, ...) spends beyond
+                                 the repacked kernels' rate, at the measured FP32 FLOPS; CPU only
 - ``prefill_compute_efficiency`` achieved / peak dense FP16 FLOPS for the weight matmuls, 0-1 (CPU: of measured FLOPS)
 - ``prefill_attn_efficiency``    achieved / peak FLOPS for attention (grows with n^2), 0-1 (flash attention, vLLM)
 - ``prefill_scores_efficiency``  achieved / peak bandwidth writing the f32 attention scores once, 0-1 (llama.cpp
@@ -61,6 +64,7 @@ COEFFICIENT_NAMES = (
     "prefill_fixed_ms",
     "prefill_dequant_bytes_per_weight",
     "prefill_unpack_flops_per_weight",
+    "prefill_generic_flops_per_weight",
     "prefill_compute_efficiency",
     "prefill_attn_efficiency",
     "prefill_scores_efficiency",
@@ -77,6 +81,7 @@ COEFFICIENT_NAMES = (
 _CALC = "uncalibrated: a constant share of peak bandwidth, as public VRAM calculators assume (0.65-0.87)"
 _KV = "uncalibrated: the same share of peak bandwidth as the weights (calculators do not separate the two)"
 _DEQUANT = "uncalibrated: decode is taken as purely bandwidth bound, as the public calculators assume"
+_GENERIC = "uncalibrated: every CPU matmul format taken at one compute efficiency"
 _UNPACK = "not fitted engine-wide: prefill on a unified-memory GPU is taken as purely matmul bound unless its device or family was measured"
 _SCORES = ("uncalibrated: the f32 scores are written, read by the softmax, written and read again: four "
            "passes at peak bandwidth")
@@ -93,6 +98,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_dequant_bytes_per_weight": (0.0, "uncalibrated: no dequantization traffic"),
         "prefill_unpack_flops_per_weight": (0.0, _UNPACK),
+        "prefill_generic_flops_per_weight": (0.0, _GENERIC),
         "prefill_compute_efficiency": (0.40, "uncalibrated: a typical share of dense tensor peak for quantized matmuls"),
         "prefill_attn_efficiency": (0.40, "uncalibrated: same as the matmul efficiency"),
         "prefill_scores_efficiency": (0.25, _SCORES),
@@ -114,6 +120,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_dequant_bytes_per_weight": (0.0, "uncalibrated: no dequantization traffic"),
         "prefill_unpack_flops_per_weight": (0.0, _UNPACK),
+        "prefill_generic_flops_per_weight": (0.0, _GENERIC),
         "prefill_compute_efficiency": (0.50, "uncalibrated: a typical share of dense tensor peak for FP16 GEMMs"),
         "prefill_attn_efficiency": (0.50, "uncalibrated: same as the matmul efficiency"),
         "prefill_scores_efficiency": (0.25, _SCORES),

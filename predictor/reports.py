@@ -111,8 +111,9 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
         ["Error band", ", ".join(f"{k} ±{v * 100:.0f}%" for k, v in band.items()) or "— (uncalibrated)", ""],
         *[[k, f"{v:g}", cal["coefficient_sources"][k]] for k, v in cal["coefficients"].items()
           if (est.engine == "vllm" or not k.startswith("vllm_"))
-          and (k not in ("decode_dequant_flops_per_byte", "prefill_unpack_flops_per_weight")
-               or est.device.kind == "unified")  # where they act
+          and (k != "decode_dequant_flops_per_byte" or est.device.kind in ("unified", "cpu"))  # where they act
+          and (k != "prefill_unpack_flops_per_weight" or est.device.kind == "unified")
+          and (k != "prefill_generic_flops_per_weight" or est.device.kind == "cpu")
           and k != "prefill_dequant_bytes_per_weight"],  # old CUDA builds only: never in a prediction
     ], ["Coefficient", "Value", "Source"])
     # Context scaling.

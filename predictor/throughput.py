@@ -148,6 +148,7 @@ def prefill_seconds(
     tensor_parallel: bool = True,
     dequant_weights=0.0,
     unpack_weights=0.0,
+    generic_weights=0.0,
 ):
     """Time to process a prompt of ``prompt_tokens`` tokens, seconds.
 
@@ -159,7 +160,9 @@ def prefill_seconds(
     weights directly), costing ``prefill_dequant_bytes_per_weight`` bytes of traffic each.
     ``unpack_weights``: quantized weights a unified-memory GPU unpacks for every prompt token (Metal's matmul
     kernels dequantize weight tiles per block of tokens), ``prefill_unpack_flops_per_weight`` operations each at
-    the device's peak FLOPS.
+    the device's peak FLOPS. ``generic_weights``: layer weights llama.cpp's CPU backend multiplies on its generic
+    path (formats it does not repack), ``prefill_generic_flops_per_weight`` operations each per token beyond
+    the matmul efficiency (that of the repacked GEMM kernels).
     """
     n = np.maximum(np.asarray(prompt_tokens, float), 1.0)
     ub = np.maximum(np.asarray(n_ubatch, float), 1.0)
@@ -182,4 +185,6 @@ def prefill_seconds(
     t_dq = n_ub * dequant / split * coeffs["prefill_dequant_bytes_per_weight"] / bw if np.any(dequant > 0) else 0.0
     unpack = np.asarray(unpack_weights, float)
     t_up = n * unpack / split * coeffs["prefill_unpack_flops_per_weight"] / peak if np.any(unpack > 0) else 0.0
-    return coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie + t_dq + t_up
+    generic = np.asarray(generic_weights, float)
+    t_gen = n * generic * coeffs["prefill_generic_flops_per_weight"] / peak if np.any(generic > 0) else 0.0
+    return coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie + t_dq + t_up + t_gen

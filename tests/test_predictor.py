@@ -169,6 +169,31 @@ def test_unified_memory_gpus_unpack_quantized_weights_for_every_prompt_token():
     assert prefill_only("rtx-4090", 4.89, term, 0.5) == pytest.approx(0.0)
 
 
+def test_the_cpu_generic_matmul_path_costs_more_per_token_than_the_repacked_kernels():
+    # llama.cpp repacks Q4_0 / Q4_K / IQ4_NL for its CPU GEMM kernels; Q8_0 and F16 take the generic path,
+    # prefill_generic_flops_per_weight operations per layer weight and token at the measured FLOPS.
+    from predictor.devices import cpu_device
+    from predictor.estimate import device_kwargs, evaluate
+    from predictor.throughput import lm_head_params
+
+    arch, cpu = resolve_model("llama-3-8b"), cpu_device(bandwidth_gbs=20.0, tflops=0.1, memory_gib=64.0)
+    coeffs = dict(Coefficients().lookup("llama.cpp", "none", "none").values)
+    coeffs.update({"prefill_fixed_ms": 0.0, "decode_bw_efficiency": 1e200, "prefill_compute_efficiency": 1e200,
+                   "prefill_scores_efficiency": 1e200, "prefill_attn_efficiency": 1e200,
+                   "prefill_generic_flops_per_weight": 2.0})
+
+    def prefill(bits, repacked, engine="llama.cpp", **device):
+        return float(evaluate(arch, engine, coeffs, bits_per_weight=bits, **(device or device_kwargs(cpu, engine)),
+                              context=4096, prompt_tokens=512, cpu_repack=repacked,
+                              with_max_context=False)["prefill_s"])
+
+    expected = 512 * (arch.params_active - lm_head_params(arch)) * 2.0 / 0.1e12
+    assert prefill(8.5, False) == pytest.approx(expected, rel=1e-9)  # Q8_0
+    assert prefill(16.0, False) == pytest.approx(expected, rel=1e-9)  # F16
+    assert prefill(4.5, True) == pytest.approx(0.0, abs=1e-12)  # Q4_0, repacked
+    assert prefill(8.5, False, **device_kwargs(resolve_device("rtx-4090"), "llama.cpp")) == pytest.approx(0.0, abs=1e-12)
+
+
 def test_a_negative_fixed_offset_never_makes_the_fixed_time_negative():
     coeffs = {"decode_fixed_ms": -5.0, "decode_fixed_per_layer_us": 100.0, "decode_bw_efficiency": 1e200,
               "decode_kv_efficiency": 1e200}
