@@ -6,9 +6,9 @@ of 80-layer models, and falls back to a 32-value block type when a row is not a 
 rules are llama.cpp's ``llama_tensor_get_type_impl`` and ``tensor_type_fallback`` (``src/llama-quant.cpp``)
 for the mixes below, without an importance matrix except IQ4_NL / IQ4_XS, which are published with one
 (without it llama-quantize gives their first eighth of ``ffn_down`` layers Q5_K, about 1% more; with one, Q4_0
-and Q5_0 give theirs Q4_1 / Q5_1, about 0.5% more; the lower IQ mixes are not covered). So a file's size follows from the architecture: Qwen2.5-72B
-Q4_K_M is 5.2 bits per weight (its 29568-wide ``ffn_down`` rows fall back from Q4_K to Q5_0), Llama-3.1-8B
-4.9, Qwen2.5-0.5B 6.0 (a tied 136M-parameter embedding in Q6_K).
+and Q5_0 give theirs Q4_1 / Q5_1, about 0.5% more; the lower IQ mixes are not covered). So a file's size
+follows from the architecture: Qwen2.5-72B Q4_K_M is 5.2 bits per weight (its 29568-wide ``ffn_down`` rows
+fall back from Q4_K to Q5_0), Llama-3.1-8B 4.9, Qwen2.5-0.5B 6.3 (a tied 136M-parameter embedding in Q8_0).
 
 The layout is llama.cpp's for the ``llama`` (Mistral, Mixtral, SmolLM), ``qwen2``, ``qwen3`` and
 ``qwen3moe`` graphs; Gemma 3 has the same matrices (plus small norm vectors). Fused-QKV (Phi-3/4),
@@ -283,4 +283,9 @@ def planned_weights_bytes(arch: Any, quant_id: str) -> int | None:
     spec = layout_spec(arch)
     if spec is None or quant_id not in FILE_TYPES:
         return None
-    return weights_bytes(spec, quant_id)
+    plan = tensor_plan(spec, quant_id)
+    # A layout that does not hold the model's parameters (shared experts, extra projections) is not this one.
+    values = sum(t.n_values for t in plan)
+    if abs(values - (arch.params_total - arch.params_extra)) > 1e-3 * arch.params_total:
+        return None
+    return sum(t.nbytes for t in plan)

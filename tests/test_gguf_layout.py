@@ -86,6 +86,12 @@ def test_other_mixes():
 def test_layouts_not_planned_keep_the_average_width():
     for model, quant in (("phi-4", "Q4_K_M"), ("gpt-oss-20b", "Q4_K_M"), ("deepseek-r1", "Q4_K_M"), ("qwen2.5-7b", "UD-Q2_K_XL")):
         assert layout.planned_weights_bytes(resolve_model(model), quant) is None, model
+    # A model whose parameters the layout does not hold (e.g. shared experts) is not planned either.
+    import dataclasses
+
+    arch = resolve_model("qwen2.5-7b")
+    assert layout.planned_weights_bytes(dataclasses.replace(arch, params_total=int(arch.params_total * 1.05)),
+                                        "Q4_K_M") is None
 
 
 def test_predict_says_how_it_sized_the_weights():
