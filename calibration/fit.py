@@ -131,18 +131,28 @@ def acting_terms(features: Features, rows: np.ndarray, y: np.ndarray) -> np.ndar
 
 def _identifiable(features: Features, rows: np.ndarray, y: np.ndarray, candidates: list[int], min_points: int,
                   max_condition: float) -> list[int]:
-    """The largest subset of ``candidates`` the rows can identify (drop in ``DROP_ORDER``)."""
+    """The largest subset of ``candidates`` the rows can identify.
+
+    When the design is degenerate, drop the first term in ``DROP_ORDER`` whose removal alone makes it
+    identifiable (two columns that move together, like the bandwidth and unpacking terms of runs that all
+    use quantized formats, cost one of them, not every term ahead of it in the order); when no single removal
+    does, drop the first in the order and look again.
+    """
     names = [t.name for t in features.terms]
     acting = acting_terms(features, rows, y)
     keep = [j for j in candidates if acting[j]]
-    order = sorted(keep, key=lambda j: DROP_ORDER.index(names[j]) if names[j] in DROP_ORDER else 99)
+    n_points = len(np.unique(rows))
+
+    def identifiable(subset: list[int]) -> bool:
+        return (n_points >= max(min_points, len(subset) + 1)
+                and condition_number(features.x[rows][:, subset]) <= max_condition)
+
     while keep:
-        if len(np.unique(rows)) >= max(min_points, len(keep) + 1):
-            a = features.x[rows][:, keep]
-            if condition_number(a) <= max_condition:
-                return keep
-        keep = [j for j in keep if j != order[0]]
-        order = order[1:]
+        if identifiable(keep):
+            return keep
+        order = sorted(keep, key=lambda j: DROP_ORDER.index(names[j]) if names[j] in DROP_ORDER else 99)
+        single = next((j for j in order if identifiable([k for k in keep if k != j])), order[0])
+        keep = [k for k in keep if k != single]
     return []
 
 

@@ -200,3 +200,28 @@ def test_fit_recovers_the_unpacking_cost_of_a_unified_memory_gpu(tmp_path):
     gpu = fit_table(load_dataset(write_formula_fixture(tmp_path / "gpu", devices={
         "rtx-4090": TRUE_DEVICE_COEFFICIENTS["rtx-4090"]}, models=("qwen2.5-0.5b",))))
     assert "decode_dequant_flops_per_byte" not in gpu["engines"]["llama.cpp"]["devices"]["rtx-4090"]
+
+
+def test_a_degenerate_design_drops_one_of_two_columns_that_move_together():
+    # CPU runs in quantized formats only: the unpacking cost and the bandwidth term both follow the bytes.
+    # Dropping the per-layer term (first in DROP_ORDER) would not help; the unpacking term goes, alone.
+    from calibration.features import QUANTITY_TERMS, Features
+    from calibration.fit import _identifiable
+
+    terms = QUANTITY_TERMS["decode"]
+    names = [t.name for t in terms]
+    rng = np.random.default_rng(0)
+    n = 12
+    layers = rng.choice([24.0, 30.0, 32.0, 16.0], n)
+    weight_bytes = rng.uniform(1e8, 1e9, n)
+    x = np.zeros((n, len(terms)))
+    x[:, names.index("decode_fixed_ms")] = 1e-3
+    x[:, names.index("decode_fixed_per_layer_us")] = 1e-6 * layers
+    x[:, names.index("decode_bw_efficiency")] = weight_bytes / 20e9
+    x[:, names.index("decode_dequant_flops_per_byte")] = weight_bytes / 0.1e12
+    y = x @ np.where([name in ("decode_fixed_ms", "decode_dequant_flops_per_byte") for name in names], 1.0, 0.0) \
+        + x[:, names.index("decode_fixed_per_layer_us")] * 50.0 + x[:, names.index("decode_bw_efficiency")] / 0.8
+    features = Features("decode", terms, np.zeros(n), x, np.ones(n, bool))
+    chosen = {names[j] for j in _identifiable(features, np.arange(n), y, list(range(len(terms))), 3, 30.0)}
+    assert "decode_fixed_per_layer_us" in chosen and "decode_bw_efficiency" in chosen
+    assert "decode_dequant_flops_per_byte" not in chosen
