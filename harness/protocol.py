@@ -20,21 +20,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import os
-import re
-import socket
-import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness import records
-from harness.engines.base import decode_tok_s, prefill_tok_s
-from harness.engines.runner import DEFAULT_DECODE_PROMPT_TOKENS, REPO_ROOT, EngineRun, run_engine
-from harness.records import summarize
+from harness.engines.runner import DEFAULT_DECODE_PROMPT_TOKENS, run_engine
+from harness.measurements import build_measurements
+from harness.provenance import base_provenance
 from predictor.errors import BenchcalError
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -402,137 +397,6 @@ def _hub_weights(cfg: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
         raise BenchcalError(f"could not download {repo} from the hub ({type(exc).__name__}); "
                             "no network? pass --weights PATH") from exc
     return path, {"weights_kind": "hub", "weights_file": path, "hub_repo": repo}
-
-
-# ------------------------------------------------------------------------------------------ provenance
-
-
-@functools.lru_cache(maxsize=1)
-def harness_version() -> str | None:
-    """The benchcal distribution's version (installed metadata, else pyproject.toml)."""
-    try:
-        from importlib.metadata import version
-
-        return version("benchcal")
-    except Exception:
-        pass
-    try:
-        text = (REPO_ROOT / "pyproject.toml").read_text()
-    except OSError:
-        return None
-    match = re.search(r'^version\s*=\s*"([^"]+)"', text, re.MULTILINE)
-    return match.group(1) if match else None
-
-
-@functools.lru_cache(maxsize=1)
-def git_commit() -> str | None:
-    """The repository's HEAD commit, with ``-dirty`` when the work tree has changes; None outside git."""
-    try:
-        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=5)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
-        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def base_provenance(cfg: Mapping[str, Any], host: Mapping[str, Any], gpu: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Provenance known before the run (machine, device, harness)."""
-    import psutil
-
-    from harness.hostbench import device_bandwidth_gbs
-
-    prov: dict[str, Any] = {
-        "source": "measured",
-        "cpu_model": host.get("cpu_model"),
-        "cpu_cores": host.get("cores"),
-        "host_memory_bytes": int(psutil.virtual_memory().total),
-        "host_bandwidth_gbs": host.get("bandwidth_gbs"),
-        "host_fp32_gflops": host.get("fp32_gflops"),
-        "harness_version": harness_version(),
-        "git_commit": git_commit(),
-        "command_line": " ".join(sys.argv),
-        "hostname": socket.gethostname(),
-        "started_at": records.utc_now(),
-    }
-    if gpu:
-        prov.update({k: gpu.get(k) for k in ("device_name", "device_uuid", "driver", "cuda", "clocks_mhz",
-                                             "power_limit_w", "memory_total_bytes")})
-        prov["device_bandwidth_gbs"] = device_bandwidth_gbs(0, gpu.get("device_uuid"))
-    else:
-        prov.update({"device_name": host.get("cpu_model"), "memory_total_bytes": int(psutil.virtual_memory().total),
-                     "device_bandwidth_gbs": host.get("bandwidth_gbs")})
-    return prov
-
-
-# ---------------------------------------------------------------------------------------- measurements
-
-
-def _timed_events(run: EngineRun, kind: str) -> list[dict[str, Any]]:
-    return [e["timing"] for e in run.find(kind) if not e.get("warmup")]
-
-
-def _ratio(engine_value: float | None, wall_value: float | None) -> float | None:
-    return engine_value / wall_value if engine_value and wall_value else None
-
-
-def build_measurements(run: EngineRun) -> dict[str, Any]:
-    """The record's ``measurements``: every sample kept, summaries, and engine-timer vs wall-clock checks."""
-    out: dict[str, Any] = {}
-    loaded = run.find("loaded")
-    if loaded:
-        out["load_s"] = loaded[0]["load"]["load_s"]
-        # What the engine reported on load (vLLM: resolved options, weights inventory; llama.cpp: model size).
-        out["load"] = {k: v for k, v in loaded[0]["load"].items() if k != "load_s"}
-    by_length: dict[int, list[dict[str, Any]]] = {}
-    for timing in _timed_events(run, "prefill"):
-        by_length.setdefault(int(timing["prompt_tokens"]), []).append(timing)
-    prefill, cross_prefill = [], []
-    for length in sorted(by_length):
-        timings = by_length[length]
-        wall = summarize(prefill_tok_s(length, t["prefill_s"]) for t in timings)
-        engine = summarize(prefill_tok_s(t.get("engine_prompt_tokens") or length, t.get("engine_prefill_s"))
-                           for t in timings)
-        prefill.append({
-            "prompt_tokens": length,
-            "ttft_ms": summarize(t["ttft_s"] * 1000.0 for t in timings),
-            "prefill_tok_s": wall,
-            "prefill_ms": summarize(t["prefill_s"] * 1000.0 for t in timings),
-            "engine_prefill_tok_s": engine,
-        })
-        cross_prefill.append({"prompt_tokens": length, "wall_tok_s": wall["median"], "engine_tok_s": engine["median"],
-                              "engine_over_wall": _ratio(engine["median"], wall["median"])})
-    out["prefill"] = prefill
-    decode_timings = _timed_events(run, "decode")
-    cross: dict[str, Any] = {"prefill": cross_prefill}
-    if decode_timings:
-        first = decode_timings[0]
-        wall = summarize(decode_tok_s(t["token_times_s"], int(t.get("batch") or 1)) for t in decode_timings)
-        engine = summarize((t["engine_decode_tokens"] / t["engine_decode_s"])
-                           if t.get("engine_decode_s") and t.get("engine_decode_tokens") else None
-                           for t in decode_timings)
-        gap_medians_ms = [records.summarize(_gaps_ms(t["token_times_s"]))["median"] for t in decode_timings]
-        out["decode"] = {
-            "gen_tokens": len(first["token_times_s"]),
-            "context_at_start": first["context_at_start"],
-            "decode_tok_s": wall,
-            "engine_decode_tok_s": engine,
-            "inter_token_ms": summarize(gap_medians_ms),
-            "ttft_ms": summarize((t["token_times_s"][0] - t["submit_s"]) * 1000.0 for t in decode_timings),
-        }
-        cross["decode"] = {"wall_tok_s": wall["median"], "engine_tok_s": engine["median"],
-                           "engine_over_wall": _ratio(engine["median"], wall["median"])}
-    cross["note"] = "engine_over_wall = engine-timer rate / wall-clock rate; above 1 means harness overhead"
-    out["crosscheck"] = cross
-    return out
-
-
-def _gaps_ms(times_s: list[float]) -> list[float]:
-    """Milliseconds between consecutive token timestamps."""
-    return [(later - earlier) * 1000.0 for earlier, later in zip(times_s[:-1], times_s[1:], strict=True)]
 
 
 def prediction_error(status: str, verdict: str | None) -> dict[str, Any] | None:
