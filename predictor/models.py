@@ -15,7 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from predictor.architecture import ModelArch, from_gguf, from_hf_config, from_hf_dir, read_config_json
+from predictor.architecture import ModelArch, from_hf_config, read_config_json
+from predictor.checkpoints import from_gguf, from_hf_dir
 from predictor.errors import BenchcalError, suggest
 
 MODELS_DIR = Path(__file__).parent / "data" / "models"

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predictor.architecture import ModelArch, from_gguf, from_hf_config, from_hf_dir
+from predictor.architecture import ModelArch, from_hf_config
+from predictor.checkpoints import from_gguf, from_hf_dir
 from predictor.errors import BenchcalError
 from predictor.models import load_catalogue_entries, resolve_model
 
