@@ -254,11 +254,7 @@ class Estimate:
 
     @property
     def weights_bits_per_weight(self) -> float | None:
-        """Bits per weight: the format's average width, or the file's or llama-quantize plan's own average
-        (more than the format's where the output layer and some layers keep more bits)."""
-        if self.weights_source == WEIGHTS_FROM_WIDTH:
-            return self.quant.bits_per_weight
-        return round(self.values["weights_total_bytes"] * 8.0 / self.model.params_total, 3)
+        return weights_bits_per_weight(self.model, self.quant, self.values["weights_total_bytes"], self.weights_source)
 
     @property
     def verdict(self) -> str:
@@ -369,6 +365,15 @@ def known_weights_bytes(arch: ModelArch, quant: QuantFormat, engine: str) -> tup
             # params_total) keep the file's average width, as every part of a model does without a plan.
             return float(planned) * arch.params_total / (arch.params_total - arch.params_extra), WEIGHTS_FROM_PLAN
     return None, WEIGHTS_FROM_WIDTH
+
+
+def weights_bits_per_weight(arch: ModelArch, quant: QuantFormat, weights_total_bytes: float,
+                            source: str) -> float | None:
+    """Bits per weight: the format's average width, or the file's or llama-quantize plan's own average
+    (more than the format's where the output layer and some layers keep more bits)."""
+    if source == WEIGHTS_FROM_WIDTH:
+        return quant.bits_per_weight
+    return round(weights_total_bytes * 8.0 / arch.params_total, 3)
 
 
 def require_bits(quant: QuantFormat, exact_weights_bytes: float | None) -> None:

@@ -18,6 +18,7 @@ average width. ``harness.synthetic`` writes these plans as files.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -278,6 +279,7 @@ def weights_bytes(spec: Mapping[str, Any], file_type: str) -> int:
     return sum(t.nbytes for t in tensor_plan(spec, file_type))
 
 
+@functools.lru_cache(maxsize=256)  # a sweep, its report and the launch prediction ask for the same files
 def planned_weights_bytes(arch: Any, quant_id: str) -> int | None:
     """Tensor bytes of ``arch``'s GGUF in the mix ``quant_id``; None where no plan applies (layout or mix)."""
     spec = layout_spec(arch)

@@ -21,6 +21,7 @@ from predictor.estimate import (
     known_weights_bytes,
     predict,
     require_bits,
+    weights_bits_per_weight,
 )
 from predictor.grid import sweep
 from predictor.quants import QuantFormat, quant_formats, resolve_kv_dtype, resolve_quant
@@ -197,8 +198,8 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
     names = MATRIX_QUANTS if engine == "llama.cpp" else VLLM_MATRIX_QUANTS
     quants: list[QuantFormat] = [qf for qf in quant_formats()
                                  if qf.id in names and engine in qf.engines and qf.bits_per_weight]
-    known = {qf.id: known_weights_bytes(arch, qf, engine)[0] for qf in quants}
-    quants.sort(key=lambda qf: -(known[qf.id] or arch.params_total * qf.bits_per_weight / 8.0))  # widest first
+    known = {qf.id: known_weights_bytes(arch, qf, engine) for qf in quants}
+    quants.sort(key=lambda qf: -(known[qf.id][0] or arch.params_total * qf.bits_per_weight / 8.0))  # widest first
     ctxs = list(contexts or contexts_for(arch))
     kv = resolve_kv_dtype(kv_dtype or ("f16" if engine == "llama.cpp" else "bf16"), engine)
     r = sweep(arch, engine, [device], quants, ctxs, [1], table=table, kv_bytes_per_element=kv.bytes_per_element,
@@ -206,9 +207,7 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
     rows = []
     for j, qf in enumerate(quants):
         weights = float(r["weights_total_bytes"][0, j, 0, 0])
-        planned = known[qf.id] is not None
-        bits = round(weights * 8.0 / arch.params_total, 3) if planned else qf.bits_per_weight
-        row = [qf.id, bits, _gib(weights)]
+        row = [qf.id, weights_bits_per_weight(arch, qf, weights, known[qf.id][1]), _gib(weights)]
         for k in range(len(ctxs)):
             v = {name: float(a[0, j, k, 0]) for name, a in r.items()}
             speed = f", {v['decode_tok_s']:.1f} tok/s" if v["verdict"] <= 1 else ""
