@@ -62,9 +62,10 @@ BOUNDS: dict[str, tuple[float, float]] = {
 CPU_UPPER = {"decode_bw_efficiency": 2.0, "prefill_compute_efficiency": 4.0, "prefill_attn_efficiency": 4.0}
 # When the design is degenerate, drop these first (kept last: the efficiencies, the physics).
 DROP_ORDER = ("decode_fixed_per_layer_us", "decode_kv_efficiency", "decode_dequant_flops_per_byte",
-              "host_bw_efficiency", "prefill_unpack_flops_per_weight", "prefill_generic_flops_per_weight", "prefill_dequant_bytes_per_weight", "prefill_attn_efficiency",
-              "prefill_scores_efficiency", "prefill_fixed_ms", "decode_fixed_ms", "compute_buffer_scale",
-              "runtime_fixed_gib", "prefill_compute_efficiency", "decode_bw_efficiency")
+              "host_bw_efficiency", "prefill_unpack_flops_per_weight", "prefill_generic_flops_per_weight",
+              "prefill_dequant_bytes_per_weight", "prefill_attn_efficiency", "prefill_scores_efficiency",
+              "prefill_fixed_ms", "decode_fixed_ms", "compute_buffer_scale", "runtime_fixed_gib",
+              "prefill_compute_efficiency", "decode_bw_efficiency")
 
 
 def weight_bounds(term: Term, cpu: bool) -> tuple[float, float]:

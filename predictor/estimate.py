@@ -128,7 +128,7 @@ def evaluate(
     quantized = _arr(bits_per_weight) < 16.0
     # Quantized bytes the device's ALUs unpack per step (the step's device-resident weights), where the listed
     # or measured FLOPS are those ALUs' rate: unified-memory GPUs (Apple: no matrix units) and the CPU (its
-    # measured FP32 rate). On this runner's CPU, Q4_0 and Q8_0 decode both reach 0.38-0.57 of the measured
+    # measured FP32 rate). On this machine's CPU, Q4_0 and Q8_0 decode both reach 0.38-0.57 of the measured
     # bandwidth and F16 0.75-0.82: the cost follows the bytes unpacked. A discrete GPU's listed peak is its
     # tensor cores', not the ALUs that unpack.
     dequant_b = np.where(quantized & ((kind == "unified") | (kind == "cpu")), step_dev, 0.0)

@@ -1,10 +1,10 @@
 """Throughput formulas: decode step time, prefill time, TTFT.
 
 Decode (DESIGN.md): time per step = fixed + per-layer fixed * L + weight bytes / (eta_bw * BW)
-+ KV bytes read / (eta_kv * BW) + quantized weights * ops per weight / FLOPS (unified-memory GPUs, whose
-ALUs unpack weights at a rate close to their bandwidth: ``estimate.evaluate``), where the weights are the
-active ones (a batch of B sequences reads them once per step) and the KV read is the cache at the current context, times the number of times
-the engine's attention reads it (:func:`predictor.memory.attention_kv_read_factor`). Layers offloaded to
++ KV bytes read / (eta_kv * BW) + quantized bytes * ops per byte / FLOPS (unified-memory GPUs and the CPU,
+whose ALUs unpack weights at a rate close to their bandwidth: ``estimate.evaluate``), where the weights are
+the active ones (a batch of B sequences reads them once per step) and the KV read is the cache at the current
+context, times the number of times the engine's attention reads it (:func:`predictor.memory.attention_kv_read_factor`). Layers offloaded to
 the host are read at host bandwidth. Tensor parallelism splits bytes over N devices and adds two
 all-reduces per layer.
 
@@ -12,7 +12,9 @@ Prefill: time = fixed + per ubatch max(weights / (eta_bw * BW), matmul FLOPs / (
 + attention: FLOPs (n^2) / (eta_attn * FLOPS), or, for llama.cpp without flash attention, the f32 scores
 it writes to memory / (eta_scores * BW) + for CUDA builds that multiply quantized weights through an FP16
 copy and cuBLAS (before llama.cpp PR #8075, June 2024), per ubatch quantized weights x bytes per weight / BW
-+ on unified-memory GPUs, per token quantized weights x unpacking operations per weight / FLOPS. Times are seconds; inputs are scalars or arrays.
++ on unified-memory GPUs, per token quantized weights x unpacking operations per weight / FLOPS + on the CPU,
+per token the layer weights of formats llama.cpp does not repack x operations per weight / FLOPS. Times are
+seconds; inputs are scalars or arrays.
 """
 
 from __future__ import annotations
@@ -184,7 +186,8 @@ def prefill_seconds(
     dequant = np.asarray(dequant_weights, float)
     t_dq = n_ub * dequant / split * coeffs["prefill_dequant_bytes_per_weight"] / bw if np.any(dequant > 0) else 0.0
     unpack = np.asarray(unpack_weights, float)
-    t_up = n * unpack / split * coeffs["prefill_unpack_flops_per_weight"] / peak if np.any(unpack > 0) else 0.0
+    # ``peak`` is the devices' aggregate rate already (like the matmul term's).
+    t_up = n * unpack * coeffs["prefill_unpack_flops_per_weight"] / peak if np.any(unpack > 0) else 0.0
     generic = np.asarray(generic_weights, float)
     t_gen = n * generic * coeffs["prefill_generic_flops_per_weight"] / peak if np.any(generic > 0) else 0.0
     return coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie + t_dq + t_up + t_gen
