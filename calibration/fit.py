@@ -124,10 +124,14 @@ def _solve(a: np.ndarray, known: np.ndarray, y: np.ndarray, low: np.ndarray, hig
 NEGLIGIBLE_SHARE = 1e-6  # a term whose unit contribution is below this share of every target does not act
 
 
+def acts_on(features: Features, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """(rows, terms): whether each term acts on each row (contributes more than rounding noise at unit weight)."""
+    return np.abs(features.x[rows]) / np.abs(y)[:, None] > NEGLIGIBLE_SHARE
+
+
 def acting_terms(features: Features, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Which terms act on these rows (contribute more than rounding noise at unit weight)."""
-    share = np.abs(features.x[rows]) / np.abs(y)[:, None]
-    return np.any(share > NEGLIGIBLE_SHARE, axis=0)
+    """Which terms act on any of these rows."""
+    return np.any(acts_on(features, rows, y), axis=0)
 
 
 def _identifiable(features: Features, rows: np.ndarray, y: np.ndarray, candidates: list[int], min_points: int,

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from calibration.dataset import QUANTITIES, Block, Dataset
-from calibration.fit import NEGLIGIBLE_SHARE, acting_terms, fit_terms
+from calibration.fit import acts_on, fit_terms
 from predictor.coefficients import ENGINE_DEFAULTS, Coefficients
 
 SCHEMA_VERSION = 1
@@ -103,8 +103,8 @@ def fit_scope_quantity(block: Block, mask: np.ndarray, parent: dict[str, float],
     fit = fit_terms(block.features, rows, block.y[rows], start, cpu=cpu, held=held)
     chosen = [j for j in range(len(terms)) if fit.fitted[j]]
     spread = _bootstrap_std(block, rows, start, chosen, cpu, held, n_boot, rng)
-    acting = acting_terms(block.features, rows, block.y[rows])
-    share = np.abs(block.features.x[rows]) / np.abs(block.y[rows])[:, None]
+    touches = acts_on(block.features, rows, block.y[rows])
+    acting = np.any(touches, axis=0)
     entries: dict[str, dict[str, Any]] = {}
     for j, term in enumerate(terms):
         if term.name in held:
@@ -114,7 +114,7 @@ def fit_scope_quantity(block: Block, mask: np.ndarray, parent: dict[str, float],
             continue  # the term never acts on these runs (e.g. host bandwidth without offload)
         value = float(term.value(fit.weights[j]))
         # provenance: the runs the term acts on (the dequantization term only on some devices, say)
-        prov = _provenance(block, rows[share[:, j] > NEGLIGIBLE_SHARE] if acting[j] else rows)
+        prov = _provenance(block, rows[touches[:, j]] if acting[j] else rows)
         entry = {"value": _round(value), "uncertainty": _round(spread[j]) if np.isfinite(spread[j]) else None,
                  "identified": identified, "quantity": block.quantity, **prov, "n_trimmed": fit.n_trimmed}
         if not identified:
