@@ -43,7 +43,11 @@ FTYPE_NAMES = {
 }
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _TEST = re.compile(r"^(?:(pp|tg)\s*(\d+)|pp\s*(\d+)\s*\+\s*tg\s*(\d+))(?:\s*@\s*d\s*(\d+))?$")
-_BUILD = re.compile(r"build:\s*([0-9a-f]{6,40})\s*\((\d+)\)")
+_BUILD = re.compile(r"build:?\s*([0-9a-f]{6,40})\s*\((\d+)\)")  # "build: 4426e298 (2824)", "build e9fd8dc (7825)"
+# A commit named without its build number, as in "`llama.cpp`(@ca0ef2dd...):" above a pasted table.
+_COMMIT_AT = re.compile(r"`llama\.cpp`\s*\(@([0-9a-f]{7,40})\)")
+# The repetitions of a llama-bench command line pasted beside its table ("-r 2"): the table does not show them.
+_REPETITIONS = re.compile(r"llama-bench\b[^\n]*?\s(?:-r|--repetitions)\s+(\d+)")
 _DEVICE = re.compile(r"Device \d+:\s*([^,\n]+?)\s*,\s*compute capability")
 # ggml_cuda_init's lines in CUDA builds before llama.cpp PR #8075 (June 2024): with tensor cores and MMQ not
 # forced, matmuls of quantized weights on more than 32 tokens dequantize the weights to an FP16 buffer in
@@ -102,6 +106,8 @@ def _md_to_fields(row: dict[str, str], text: str) -> dict[str, Any] | None:
     if test is None or rate is None:
         return None
     build = _BUILD.search(text)
+    commit_at = _COMMIT_AT.search(text)
+    repetitions = _REPETITIONS.search(text)
     devices = _DEVICE.findall(text)
     fields: dict[str, Any] = {
         "model_type": row.get("model"),
@@ -109,12 +115,14 @@ def _md_to_fields(row: dict[str, str], text: str) -> dict[str, Any] | None:
         "backends": row.get("backend"),
         "n_prompt": test[0], "n_gen": test[1], "n_depth": test[2],
         "avg_ts": float(rate.group(1)), "stddev_ts": float(rate.group(2)),
-        "build_commit": build.group(1) if build else None,
+        "build_commit": build.group(1) if build else (commit_at.group(1) if commit_at else None),
         "build_number": int(build.group(2)) if build else None,
         "gpu_info": ", ".join(devices) if devices else None,
         "n_devices": len(devices) or None,
         "quantized_matmul": _quantized_matmul(text),
     }
+    if repetitions:
+        fields["repetitions"] = int(repetitions.group(1))
     for column, key, cast in (("ngl", "n_gpu_layers", int), ("n_batch", "n_batch", int), ("n_ubatch", "n_ubatch", int),
                               ("threads", "n_threads", int), ("type_k", "type_k", str), ("type_v", "type_v", str),
                               ("fa", "flash_attn", lambda v: v not in ("0", "off", "false"))):
@@ -241,7 +249,7 @@ def llama_bench_record(row: dict[str, Any], *, model: str, device: str, file_nam
     provenance = {
         "source": "imported", "imported_from": file_name, "import_format": f"llama-bench {file_format}",
         "source_url": source_url, "import_key": import_key,
-        "engine_version": f"llama.cpp build {number} ({commit})" if commit else None, "engine_commit": commit,
+        "engine_version": _engine_version(number, commit), "engine_commit": commit,
         "device_name": row.get("gpu_info") or None, "backends": row.get("backends"), "cpu_model": row.get("cpu_info"),
         "model_type": row.get("model_type"), "model_filename": row.get("model_filename"),
         "weights_bytes": _int(row.get("model_size")), "model_n_params": _int(row.get("model_n_params")),
@@ -256,6 +264,13 @@ def llama_bench_record(row: dict[str, Any], *, model: str, device: str, file_nam
         provenance["weights_bytes_note"] = "llama-bench markdown rounds the size to 0.01 GiB"
     return records.new_record(config, measurements=measurements, provenance=provenance,
                               prediction_reason="imported result; benchcal report recomputes predictions")
+
+
+def _engine_version(number: Any, commit: Any) -> str | None:
+    """"llama.cpp build 2824 (4426e298)", or "llama.cpp commit ca0ef2ddd" when only the commit is known."""
+    if not commit:
+        return None
+    return f"llama.cpp build {number} ({commit})" if number not in (None, "") else f"llama.cpp commit {str(commit)[:9]}"
 
 
 def _device_id(gpu: str | None, rows: list[dict[str, Any]]) -> str:

@@ -124,6 +124,8 @@ def test_imported_llama_bench_model_sizes_match_the_plan():
             continue
         if "qat" in str(provenance.get("imported_from")):
             continue  # Google's quantization-aware Q4_0 file keeps the tied embedding in Q8_0, not Q6_K
+        if config["quant"] == "IQ4_XS" and config["model"] == "qwen3-235b-a22b":
+            continue  # unsloth's IQ4_XS of Qwen3-235B-A22B-2507 (apple-silicon/): 0.16% above the plan, its own mix
         planned = layout.planned_weights_bytes(resolve_model(config["model"]), config["quant"])
         if planned is None:
             continue

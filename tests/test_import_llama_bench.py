@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,40 @@ def test_depth_rows_of_llama_cpps_own_benches(tmp_path):
     prefill = obs.prefill.set_index("context")
     assert not isinstance(prefill.loc[2048 + 0, "exclude_reason"], str)
     assert "after 4096 tokens" in prefill.loc[2048 + 4096, "exclude_reason"]
+
+
+def test_tables_pasted_into_issue_threads(tmp_path):
+    # apple-silicon/: a build line without its colon, a commit named as "`llama.cpp`(@sha)", and the
+    # repetitions of the llama-bench command pasted above the table ("-r 2").
+    apple = DATA / "apple-silicon"
+    tiny = _load(apple / "m1-ultra-tinyllama-1.1b-q4_k_m.md")
+    assert [(r["n_prompt"], r["n_gen"]) for r in tiny] == [(512, 0), (4096, 0), (0, 128), (4096, 128)]
+    assert (tiny[2]["avg_ts"], tiny[2]["build_commit"], tiny[2]["build_number"]) == (242.56, "e9fd8dc", 7825)
+    assert tiny[0]["model_size"] == round(636.18 * 2**20) and "flash_attn" not in tiny[0]
+    moe = _load(apple / "m1-ultra-qwen3-235b-a22b-iq4_xs.md")
+    assert [r["avg_ts"] for r in moe] == [148.58, 18.30]
+    assert (moe[0]["build_commit"], moe[0]["build_number"]) == ("ca0ef2dddb022cb1337d775cd05cd27d7808aff4", None)
+    assert quant_from_model_type(moe[0]["model_type"]) == "IQ4_XS"
+    m3 = _load(apple / "m3-ultra-llama-3.3-70b-q4_k_m.md")
+    assert {r["repetitions"] for r in m3} == {2} and all(r["flash_attn"] for r in m3)
+    written, _ = import_llama_bench(apple / "m1-ultra-qwen3-235b-a22b-iq4_xs.md", model="qwen3-235b-a22b",
+                                    runs_dir=tmp_path, gpu="mac-studio-m1-ultra-128gb")
+    versions = {json.loads(p.read_text())["provenance"]["engine_version"] for p in written}
+    assert versions == {"llama.cpp commit ca0ef2ddd"}
+    written, _ = import_llama_bench(apple / "m3-ultra-llama-3.3-70b-q4_k_m.md", model="llama-3.3-70b",
+                                    runs_dir=tmp_path, gpu="mac-studio-m3-ultra-512gb")
+    assert len(written) == 3 and {json.loads(p.read_text())["config"]["reps"] for p in written} == {2}
+
+
+def test_catalogue_plan_matches_the_sizes_llama_bench_printed_for_the_apple_files():
+    # The tensor plan of each model reproduces the size column of its file (markdown rounds to 0.01 GiB/MiB).
+    from predictor.estimate import known_weights_bytes
+    from predictor.models import resolve_model
+    from predictor.quants import resolve_quant
+
+    for name, model, quant, size in (("m1-ultra-tinyllama-1.1b-q4_k_m.md", "tinyllama-1.1b", "Q4_K_M", 636.18 * 2**20),
+                                     ("m1-ultra-llama-3.2-3b-q4_k_m.md", "llama-3.2-3b", "Q4_K_M", 1.87 * 2**30),
+                                     ("m3-ultra-llama-3.3-70b-q4_k_m.md", "llama-3.3-70b", "Q4_K_M", 39.59 * 2**30)):
+        planned, source = known_weights_bytes(resolve_model(model), resolve_quant(quant), "llama.cpp")
+        assert source == "llama-quantize tensor types", name
+        assert planned == pytest.approx(size, rel=0.005), name
