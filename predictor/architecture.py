@@ -74,6 +74,7 @@ class ModelArch:
     weights_bytes_exact: int | None
     weights_quant: str | None
     params_extra: int = 0
+    expert_format: str | None = None  # the checkpoint's own format of its routed experts ("MXFP4": gpt-oss)
 
     def kv_elements_per_token(self, context: Any) -> Any:
         """KV elements one sequence holds at a context of ``context`` tokens (S):
@@ -342,7 +343,17 @@ def from_hf_config(cfg: dict, *, id: str, name: str | None = None, hf_id: str | 
         params_expert=expert_params, published_params_b=published_params_b,
         published_params_source=published_params_source, weights_bytes_exact=weights_bytes_exact,
         weights_quant=weights_quant, params_extra=params_extra,
+        expert_format=_expert_format(cfg) if expert_params else None,
     )
+
+
+def _expert_format(cfg: dict) -> str | None:
+    """"MXFP4" when the checkpoint stores its MoE experts in MXFP4 (gpt-oss: ``quantization_config``
+    ``quant_method: mxfp4``, attention, router, embeddings and head left out of it)."""
+    quant = cfg.get("quantization_config")
+    if isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "mxfp4":
+        return "MXFP4"
+    return None
 
 
 def read_config_json(path: Path) -> dict:

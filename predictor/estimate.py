@@ -247,7 +247,7 @@ class Estimate:
     n_ubatch: int
     coefficients: CoefficientSet
     values: dict[str, float]
-    weights_source: str  # WEIGHTS_FROM_FILE, WEIGHTS_FROM_PLAN or WEIGHTS_FROM_WIDTH
+    weights_source: str  # WEIGHTS_FROM_FILE, _PLAN, _NATIVE_EXPERTS or _WIDTH
     host_bandwidth_gbs: float
     throughput_offload_fraction: float = 0.0  # the offload the speeds assume (the recommended one when needed)
     launch: dict[str, str] = field(default_factory=dict)
@@ -351,13 +351,34 @@ def require_context(arch: ModelArch, context: int) -> None:
 WEIGHTS_FROM_FILE = "GGUF file"
 WEIGHTS_FROM_PLAN = "llama-quantize tensor types"
 WEIGHTS_FROM_WIDTH = "average width"
+WEIGHTS_FROM_NATIVE_EXPERTS = "MXFP4 experts kept"
+# Formats a checkpoint is converted to without quantizing: convert_hf_to_gguf keeps gpt-oss's MXFP4 experts
+# as they are (published F16 files of gpt-oss-20b from two sources: 13.8 GB, not 2 bytes x 20.9B).
+_UNQUANTIZED = frozenset({"F32", "F16", "BF16"})
+
+
+def format_bits(arch: ModelArch, quant: QuantFormat, engine: str) -> tuple[float | None, float | None]:
+    """(bits per expert weight, bits per other weight or None when both are the format's width).
+
+    A llama.cpp GGUF in an unquantized format of a checkpoint whose experts are MXFP4 (gpt-oss) keeps the
+    experts in MXFP4; the rest takes the format's width. Quantized mixes of such a model depend on how the
+    file was made (llama-quantize refuses to requantize MXFP4 tensors without ``--allow-requantize``; some
+    publishers keep the experts with ``--tensor-type`` overrides, others requantize them): the format's width.
+    """
+    if engine == "llama.cpp" and arch.expert_format == "MXFP4" and quant.id in _UNQUANTIZED:
+        return resolve_quant("MXFP4").bits_per_weight, quant.bits_per_weight
+    return quant.bits_per_weight, quant.bits_per_weight_non_expert
 
 
 def known_weights_bytes(arch: ModelArch, quant: QuantFormat, engine: str) -> tuple[float | None, str]:
     """The weights' tensor bytes where known beyond the format's average width, and how they are known:
-    the model's own GGUF file, or (llama.cpp) the tensor types llama-quantize gives each of its weights."""
+    the model's own GGUF file, (llama.cpp) the tensor types llama-quantize gives each of its weights, or the
+    checkpoint's MXFP4 experts kept beside unquantized other weights (:func:`format_bits`)."""
     if arch.weights_bytes_exact and arch.weights_quant == quant.id:
         return float(arch.weights_bytes_exact), WEIGHTS_FROM_FILE
+    expert_bits, other_bits = format_bits(arch, quant, engine)
+    if other_bits is not None and quant.bits_per_weight_non_expert is None:
+        return float(mem.weights_bytes(arch, expert_bits, other_bits)), WEIGHTS_FROM_NATIVE_EXPERTS
     if engine == "llama.cpp":
         planned = planned_weights_bytes(arch, quant.id)
         if planned is not None:
@@ -451,12 +472,13 @@ def predict(
     cset = table.lookup(eng, dev.id, dev.family)
     exact, weights_source = known_weights_bytes(arch, q, eng)
     require_bits(q, exact)
+    expert_bits, other_bits = format_bits(arch, q, eng)
     host_bw = float(host_bandwidth_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else DEFAULT_HOST_BANDWIDTH_GBS))
     values = evaluate(
         arch, eng, cset,
         **device_kwargs(dev, eng),
-        bits_per_weight=q.bits_per_weight,
-        bits_per_weight_non_expert=q.bits_per_weight_non_expert,
+        bits_per_weight=expert_bits,
+        bits_per_weight_non_expert=other_bits,
         exact_weights_bytes=exact,
         kv_bytes_per_element=kv.bytes_per_element,
         context=context, batch=batch, prompt_tokens=prompt_tokens, device_count=device_count,
@@ -473,8 +495,8 @@ def predict(
         # runs: the most layers that fit on the device, the rest in host RAM.
         layers = arch.num_layers
         throughput_offload = 1.0 - min(scalars["max_gpu_layers"], layers) / layers
-        rerun = evaluate(arch, eng, cset, **device_kwargs(dev, eng), bits_per_weight=q.bits_per_weight,
-                         bits_per_weight_non_expert=q.bits_per_weight_non_expert, exact_weights_bytes=exact,
+        rerun = evaluate(arch, eng, cset, **device_kwargs(dev, eng), bits_per_weight=expert_bits,
+                         bits_per_weight_non_expert=other_bits, exact_weights_bytes=exact,
                          kv_bytes_per_element=kv.bytes_per_element, context=context, batch=batch,
                          prompt_tokens=prompt_tokens, device_count=device_count,
                          offload_fraction=throughput_offload, flash_attn=flash_attn, n_ubatch=n_ubatch,

@@ -146,3 +146,24 @@ def test_the_quant_matrix_lists_each_file_at_its_own_width_widest_first():
     bits = {row[0]: row[1] for row in rows}
     assert bits["Q4_K_M"] == pytest.approx(5.217, abs=0.002)  # the file's own average, not the format's 4.89
     assert bits["Q3_K_M"] < bits["IQ4_XS"] < bits["Q4_K_M"]
+
+
+def test_gpt_oss_f16_files_keep_the_mxfp4_experts():
+    """Published F16 GGUFs of gpt-oss-20b (unsloth, DevQuasar: 13.8 GB) hold MXFP4 experts and 16-bit other
+    weights; an average of 16 bits over all 20.9B parameters would be 41.8 GB."""
+    from predictor.estimate import WEIGHTS_FROM_NATIVE_EXPERTS, format_bits
+
+    entries = [e for e in json.loads(SIZES.read_text())["left_out"]
+               if e["model"] == "gpt-oss-20b" and e["quant"] == "F16"]
+    assert {e["repo"] for e in entries} == {"unsloth/gpt-oss-20b-GGUF", "DevQuasar/openai.gpt-oss-20b-GGUF"}
+    arch = resolve_model("gpt-oss-20b")
+    for quant in ("F16", "BF16"):
+        size, source = known_weights_bytes(arch, resolve_quant(quant, "llama.cpp"), "llama.cpp")
+        assert source == WEIGHTS_FROM_NATIVE_EXPERTS
+        for entry in entries:
+            assert abs(entry["size_bytes"] - size) <= 0.01 * entry["size_bytes"] + 8e6, entry
+    assert format_bits(arch, resolve_quant("F16", "llama.cpp"), "llama.cpp") == (4.25, 16.0)
+    # Quantized mixes and vLLM keep the format's width; a dense model is untouched.
+    assert known_weights_bytes(arch, resolve_quant("Q4_K_M", "llama.cpp"), "llama.cpp")[1] == "average width"
+    assert format_bits(arch, resolve_quant("BF16", "vllm"), "vllm") == (16.0, None)
+    assert resolve_model("llama-3-8b").expert_format is None
