@@ -39,9 +39,9 @@ from predictor.estimate import (
     DEFAULT_HOST_MEMORY_GIB,
     device_kwargs,
     evaluate,
-    known_weights_bytes,
 )
 from predictor.quants import resolve_kv_dtype, resolve_quant
+from predictor.weights import format_bits, known_weights_bytes
 
 NEUTRAL_INVERSE = 1e200  # an efficiency this large removes its term (bytes / (eta * BW) ~ 0)
 
@@ -148,6 +148,7 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
     exact = row.get("weights_bytes")
     if not (_finite(exact) and float(exact) > 0):  # no size recorded: sized as predict() sizes it
         exact = known_weights_bytes(arch, quant, engine)[0]
+    bits = format_bits(arch, quant, engine)  # (experts, others): gpt-oss's F16 GGUF keeps MXFP4 experts
     host_bw = row.get("host_bandwidth_gbs") if device.kind == "gpu" else device.bandwidth_gbs
     return {
         "arch": arch,
@@ -155,8 +156,8 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
         "device_id": device.id,
         "family": device.family,
         **device_kwargs(device, engine),  # kind, memory_gib, usable_gib, bandwidth_gbs, tflops: as predict() passes them
-        "bits_per_weight": _nan(quant.bits_per_weight),
-        "bits_per_weight_non_expert": quant.bits_per_weight_non_expert,
+        "bits_per_weight": _nan(bits[0]),
+        "bits_per_weight_non_expert": bits[1],
         "exact_weights_bytes": float(exact) if _finite(exact) and float(exact) > 0 else float("nan"),
         "kv_bytes_per_element": kv.bytes_per_element,
         "context": float(row["context"]),

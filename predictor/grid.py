@@ -18,10 +18,10 @@ from predictor.estimate import (
     DEFAULT_PROMPT_TOKENS,
     device_kwargs,
     evaluate,
-    known_weights_bytes,
 )
 from predictor.memory import CPU_REPACKED_QUANTS
 from predictor.quants import QuantFormat
+from predictor.weights import format_bits, known_weights_bytes
 
 
 def coefficient_arrays(table: Coefficients, engine: str, devices: Sequence[Device]) -> dict[str, np.ndarray]:
@@ -59,12 +59,12 @@ def sweep(
     per_device = [device_kwargs(d, engine) for d in devices]  # the same inputs predict() passes, one row per device
     dev = {key: np.array([kw[key] for kw in per_device])[col] for key in per_device[0]}
     q = (None, slice(None), None, None)
-    bpw = np.array([qf.bits_per_weight for qf in quants])[q]
-    non_expert = [qf.bits_per_weight_non_expert for qf in quants]
+    bits = [format_bits(arch, qf, engine) for qf in quants]  # (experts, others), as predict() passes them
+    bpw = np.array([expert for expert, _ in bits])[q]
     bpw_ne = None
-    if any(x is not None for x in non_expert):
+    if any(other is not None for _, other in bits):
         # Formats that quantize every tensor use their own width for the non-expert part too.
-        bpw_ne = np.array([qf.bits_per_weight if x is None else x for qf, x in zip(quants, non_expert)])[q]
+        bpw_ne = np.array([expert if other is None else other for expert, other in bits])[q]
     known = [known_weights_bytes(arch, qf, engine)[0] for qf in quants]
     exact_weights_bytes = np.array([np.nan if b is None else b for b in known])[q]
     repack = np.array([qf.id in CPU_REPACKED_QUANTS for qf in quants])[q]

@@ -13,19 +13,11 @@ import numpy as np
 from predictor.architecture import ModelArch
 from predictor.coefficients import Coefficients
 from predictor.devices import Device, load_devices
-from predictor.estimate import (
-    GIB,
-    VERDICTS,
-    WEIGHTS_FROM_WIDTH,
-    Estimate,
-    known_weights_bytes,
-    predict,
-    require_bits,
-    weights_bits_per_weight,
-)
+from predictor.estimate import GIB, VERDICTS, Estimate, predict
 from predictor.grid import sweep
 from predictor.quants import QuantFormat, quant_formats, resolve_kv_dtype, resolve_quant
 from predictor.render import Chart, Report
+from predictor.weights import WEIGHTS_FROM_WIDTH, known_weights_bytes, require_bits, weights_bits_per_weight
 
 STANDARD_CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072)
 MATRIX_QUANTS = ("BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M", "Q2_K", "UD-Q2_K_XL")

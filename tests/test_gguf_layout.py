@@ -9,15 +9,10 @@ import pytest
 
 from harness import synthetic
 from predictor import gguf_layout as layout
-from predictor.estimate import (
-    WEIGHTS_FROM_FILE,
-    WEIGHTS_FROM_PLAN,
-    WEIGHTS_FROM_WIDTH,
-    known_weights_bytes,
-    predict,
-)
+from predictor.estimate import predict
 from predictor.models import load_catalogue, resolve_model
 from predictor.quants import quant_formats, resolve_quant
+from predictor.weights import WEIGHTS_FROM_FILE, WEIGHTS_FROM_PLAN, WEIGHTS_FROM_WIDTH, known_weights_bytes
 
 SIZES = Path(__file__).parent / "data" / "gguf-file-sizes" / "published_sizes.json"
 
@@ -151,7 +146,7 @@ def test_the_quant_matrix_lists_each_file_at_its_own_width_widest_first():
 def test_gpt_oss_f16_files_keep_the_mxfp4_experts():
     """Published F16 GGUFs of gpt-oss-20b (unsloth, DevQuasar: 13.8 GB) hold MXFP4 experts and 16-bit other
     weights; an average of 16 bits over all 20.9B parameters would be 41.8 GB."""
-    from predictor.estimate import WEIGHTS_FROM_NATIVE_EXPERTS, format_bits
+    from predictor.weights import WEIGHTS_FROM_NATIVE_EXPERTS, format_bits
 
     entries = [e for e in json.loads(SIZES.read_text())["left_out"]
                if e["model"] == "gpt-oss-20b" and e["quant"] == "F16"]

@@ -190,9 +190,9 @@ def test_tables_pasted_into_issue_threads(tmp_path):
 
 def test_catalogue_plan_matches_the_sizes_llama_bench_printed_for_the_apple_files():
     # The tensor plan of each model reproduces the size column of its file (markdown rounds to 0.01 GiB/MiB).
-    from predictor.estimate import known_weights_bytes
     from predictor.models import resolve_model
     from predictor.quants import resolve_quant
+    from predictor.weights import known_weights_bytes
 
     for name, model, quant, size in (("m1-ultra-tinyllama-1.1b-q4_k_m.md", "tinyllama-1.1b", "Q4_K_M", 636.18 * 2**20),
                                      ("m1-ultra-llama-3.2-3b-q4_k_m.md", "llama-3.2-3b", "Q4_K_M", 1.87 * 2**30),

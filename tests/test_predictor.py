@@ -281,6 +281,19 @@ def test_sweep_matches_predict_cell_by_cell():
             assert out["verdict"][i, j, 1, 1] == est.values["verdict"]
 
 
+def test_sweep_sizes_and_splits_gpt_oss_f16_as_predict_does():
+    # MXFP4 experts beside 16-bit other weights: the sweep behind leaderboard/matrix/recommend agrees with predict.
+    arch = resolve_model("gpt-oss-20b")
+    devices = [resolve_device(x) for x in ("rtx-4090", "h100-sxm")]
+    quants = [resolve_quant(x, "llama.cpp") for x in ("F16", "MXFP4", "Q4_K_M")]
+    out = sweep(arch, "llama.cpp", devices, quants, [8192], [1], table=Coefficients())
+    for i, d in enumerate(devices):
+        for j, q in enumerate(quants):
+            est = predict(arch, d, q.id, 8192, coefficients=None)
+            assert out["total_bytes"][i, j, 0, 0] == pytest.approx(est.values["total_bytes"])
+            assert out["decode_tok_s"][i, j, 0, 0] == pytest.approx(est.values["decode_tok_s"])
+
+
 def test_sweep_over_every_device_gives_finite_numbers_where_the_catalogue_has_figures():
     arch = resolve_model("deepseek-v3")
     devices = [d for d in load_devices() if "llama.cpp" in d.engines and d.kind != "cpu"]
