@@ -38,13 +38,21 @@ def bench(tmp_path_factory, tmp_path):
         proc.wait()
 
 
+def _cmdline(process: psutil.Process) -> str:
+    """A child's command line; empty when it exits between listing and reading (short-lived helpers)."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def engine_child(parent: subprocess.Popen, cache: Path, timeout_s: float = 60.0) -> psutil.Process:
     """The engine process, once it has loaded the model and is measuring."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert parent.poll() is None, parent.stderr.read().decode()
         children = [p for p in psutil.Process(parent.pid).children(recursive=True)
-                    if "harness.engines.runner" in " ".join(p.cmdline())]
+                    if "harness.engines.runner" in _cmdline(p)]
         logs = sorted((cache / "logs").glob("*.log"), key=lambda p: p.stat().st_mtime)
         if children and logs and "compute buffer size" in logs[-1].read_text(errors="replace"):
             time.sleep(1.0)  # some repetitions done
