@@ -77,6 +77,7 @@ QUANTITY_TERMS: dict[str, tuple[Term, ...]] = {
         Term("decode_fixed_per_layer_us", False),
         Term("decode_bw_efficiency", True),
         Term("decode_kv_efficiency", True),
+        Term("decode_kv_reread", False),
         Term("decode_dequant_flops_per_byte", False),
         Term("host_bw_efficiency", True),
     ),

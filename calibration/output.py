@@ -21,6 +21,7 @@ CSV_COLUMNS = ("engine", "scope", "name", "coefficient", "value", "uncertainty",
                "n_points", "devices", "models", "engine_versions", "cv", "cv_mape", "note")
 UNITS = {
     "decode_fixed_ms": "ms", "decode_fixed_per_layer_us": "us/layer", "decode_bw_efficiency": "of peak BW",
+    "decode_kv_reread": "peak-BW bytes per byte",
     "host_bw_efficiency": "of host BW", "prefill_fixed_ms": "ms", "prefill_compute_efficiency": "of peak FLOPS",
     "prefill_attn_efficiency": "of peak FLOPS", "runtime_fixed_gib": "GiB", "compute_buffer_scale": "x analytical",
 }

@@ -17,7 +17,11 @@ Names and units (every coefficient is physical so a fitted table can be read):
 - ``decode_fixed_ms``            fixed time per decode step, ms (sampling, graph launch, host sync)
 - ``decode_fixed_per_layer_us``  fixed time per decode step per layer, microseconds (kernel launches)
 - ``decode_bw_efficiency``       achieved / peak memory bandwidth while streaming the weights, 0-1
-- ``decode_kv_efficiency``       achieved / peak memory bandwidth while attention reads the KV cache, 0-1
+- ``decode_kv_efficiency``       achieved / peak memory bandwidth while attention reads the KV cache once, 0-1
+- ``decode_kv_reread``           cost of each further read of a cached K/V row by another query head of its group
+                                 (llama.cpp without flash attention), in peak-bandwidth bytes per byte: 1 / the
+                                 KV efficiency when every re-read comes from DRAM, less where the GPU's cache holds
+                                 the rows between the query heads (0-50)
 - ``decode_dequant_flops_per_byte``  operations per byte of quantized weights unpacked in a decode step, at the
                                  device's peak FLOPS (unified-memory GPUs: Apple's ALUs run near their bandwidth
                                  limit; the CPU: its measured FP32 rate)
@@ -60,6 +64,7 @@ COEFFICIENT_NAMES = (
     "decode_fixed_per_layer_us",
     "decode_bw_efficiency",
     "decode_kv_efficiency",
+    "decode_kv_reread",
     "decode_dequant_flops_per_byte",
     "prefill_fixed_ms",
     "prefill_dequant_bytes_per_weight",
@@ -80,6 +85,8 @@ COEFFICIENT_NAMES = (
 
 _CALC = "uncalibrated: a constant share of peak bandwidth, as public VRAM calculators assume (0.65-0.87)"
 _KV = "uncalibrated: the same share of peak bandwidth as the weights (calculators do not separate the two)"
+_REREAD = ("uncalibrated: every re-read of a K/V row by another query head of its group reaches DRAM, at the"
+           " KV read's default share of peak bandwidth (1 / 0.75)")
 _DEQUANT = "uncalibrated: decode is taken as purely bandwidth bound, as the public calculators assume"
 _GENERIC = "uncalibrated: every CPU matmul format taken at one compute efficiency"
 _UNPACK = "not fitted engine-wide: prefill on a unified-memory GPU is taken as purely matmul bound unless its device or family was measured"
@@ -94,6 +101,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "decode_fixed_per_layer_us": (0.0, "uncalibrated: no per-layer term, as the public calculators assume"),
         "decode_bw_efficiency": (0.75, _CALC + "; midpoint"),
         "decode_kv_efficiency": (0.75, _KV),
+        "decode_kv_reread": (1 / 0.75, _REREAD),
         "decode_dequant_flops_per_byte": (0.0, _DEQUANT),
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_dequant_bytes_per_weight": (0.0, "uncalibrated: no dequantization traffic"),
@@ -116,6 +124,7 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "decode_fixed_per_layer_us": (0.0, "uncalibrated: no per-layer term"),
         "decode_bw_efficiency": (0.75, _CALC + "; midpoint"),
         "decode_kv_efficiency": (0.75, _KV),
+        "decode_kv_reread": (1 / 0.75, _REREAD),
         "decode_dequant_flops_per_byte": (0.0, _DEQUANT),
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_dequant_bytes_per_weight": (0.0, "uncalibrated: no dequantization traffic"),

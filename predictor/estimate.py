@@ -128,8 +128,8 @@ def evaluate(
     # Weights streamed per step: the active layers and the LM head; the part on the host is read there.
     step_w = tp.decode_weight_bytes_per_step(arch, total_w, batch, bits_per_weight, bits_per_weight_non_expert)
     step_dev = (1.0 - frac) * (step_w - out_w) + np.where(out_on_device, out_w, 0.0)
-    kv_read = (mem.kv_cache_bytes(arch, ctx_now, batch, kv_bytes_per_element, "llama.cpp")
-               * mem.attention_kv_read_factor(arch, engine, flash_attn))
+    kv_read = mem.kv_cache_bytes(arch, ctx_now, batch, kv_bytes_per_element, "llama.cpp")
+    kv_reread = kv_read * (mem.attention_kv_read_factor(arch, engine, flash_attn) - 1.0)
     bw = _arr(bandwidth_gbs)
     quantized = _arr(bits_per_weight) < 16.0
     # Quantized bytes the device's ALUs unpack per step (the step's device-resident weights), where the listed
@@ -145,8 +145,9 @@ def evaluate(
         arch,
         coeffs,
         device_weight_bytes=step_dev,
-        host_weight_bytes=step_w - step_dev + kv_read * kv_host_share,  # offloaded layers' weights and KV
+        host_weight_bytes=step_w - step_dev + (kv_read + kv_reread) * kv_host_share,  # offloaded layers' weights, KV
         kv_read_bytes=kv_read * (1.0 - kv_host_share),
+        kv_reread_bytes=kv_reread * (1.0 - kv_host_share),
         bandwidth_gbs=bw,
         # vLLM's cpu_offload_gb streams the offloaded weights over PCIe every step.
         host_bandwidth_gbs=np.where(kind == "gpu", _arr(host_bandwidth_gbs) if engine == "llama.cpp"

@@ -1,10 +1,12 @@
 """Throughput formulas: decode step time, prefill time, TTFT.
 
 Decode (DESIGN.md): time per step = fixed + per-layer fixed * L + weight bytes / (eta_bw * BW)
-+ KV bytes read / (eta_kv * BW) + quantized bytes * ops per byte / FLOPS (unified-memory GPUs and the CPU,
-whose ALUs unpack weights at a rate close to their bandwidth: ``estimate.evaluate``), where the weights are
-the active ones (a batch of B sequences reads them once per step) and the KV read is the cache at the current
-context, times the number of times the engine's attention reads it (:func:`predictor.memory.attention_kv_read_factor`). Layers offloaded to
++ KV bytes / (eta_kv * BW) + KV bytes * (reads - 1) * kv_reread / BW + quantized bytes * ops per byte / FLOPS
+(unified-memory GPUs and the CPU, whose ALUs unpack weights at a rate close to their bandwidth:
+``estimate.evaluate``), where the weights are the active ones (a batch of B sequences reads them once per step),
+the KV bytes are the cache at the current context and ``reads`` the number of times the engine's attention reads
+each row (:func:`predictor.memory.attention_kv_read_factor`: the query heads of a group, for llama.cpp without
+flash attention), the re-reads costing less than the first read where the GPU's cache holds them. Layers offloaded to
 the host are read at host bandwidth. Tensor parallelism splits bytes over N devices and adds two
 all-reduces per layer.
 
@@ -77,11 +79,14 @@ def decode_step_seconds(
     tensor_parallel: bool = True,
     dequant_bytes=0.0,
     tflops=None,
+    kv_reread_bytes=0.0,
 ):
     """Time of one decode step (one token for each sequence of the batch), seconds.
 
     ``device_weight_bytes``/``host_weight_bytes``: weights streamed from device and host memory;
-    ``kv_read_bytes``: KV cache read by the step (all sequences); ``dequant_bytes``: quantized bytes
+    ``kv_read_bytes``: KV cache read by the step (all sequences), once; ``kv_reread_bytes``: the further reads of
+    the same rows by the other query heads of each group (llama.cpp without flash attention), each costing
+    ``decode_kv_reread`` bytes at peak bandwidth; ``dequant_bytes``: quantized bytes
     the device unpacks in the step, each costing ``decode_dequant_flops_per_byte`` operations at the
     device's peak ``tflops`` (no term where ``tflops`` is unknown). Tensor parallelism divides the
     device bytes over ``device_count`` devices; layer split (llama.cpp) does not.
@@ -90,7 +95,8 @@ def decode_step_seconds(
     split = n if tensor_parallel else 1.0
     bw = np.asarray(bandwidth_gbs, float) * GB
     t_device = (np.asarray(device_weight_bytes, float) / split / (coeffs["decode_bw_efficiency"] * bw)
-                + np.asarray(kv_read_bytes, float) / split / (coeffs["decode_kv_efficiency"] * bw))
+                + np.asarray(kv_read_bytes, float) / split / (coeffs["decode_kv_efficiency"] * bw)
+                + np.asarray(kv_reread_bytes, float) / split * coeffs["decode_kv_reread"] / bw)
     t_host = np.asarray(host_weight_bytes, float) / (
         coeffs["host_bw_efficiency"] * np.asarray(host_bandwidth_gbs, float) * GB
     )

@@ -24,11 +24,11 @@ from predictor.estimate import predict as predictor_predict
 FIXTURE_NOTE = "SYNTHETIC TEST FIXTURE: values computed by the predictor's formulas, not measured"
 TRUE_DEVICE_COEFFICIENTS = {
     "rtx-4090": {"decode_fixed_ms": 0.8, "decode_fixed_per_layer_us": 60.0, "decode_bw_efficiency": 0.82,
-                 "decode_kv_efficiency": 0.9, "prefill_fixed_ms": 12.0, "prefill_compute_efficiency": 0.45,
+                 "decode_kv_efficiency": 0.9, "decode_kv_reread": 0.5, "prefill_fixed_ms": 12.0, "prefill_compute_efficiency": 0.45,
                  "prefill_scores_efficiency": 0.20,
                  "runtime_fixed_gib": 0.42, "compute_buffer_scale": 0.9},
     "a100-sxm-80gb": {"decode_fixed_ms": 1.5, "decode_fixed_per_layer_us": 35.0, "decode_bw_efficiency": 0.55,
-                      "decode_kv_efficiency": 0.7, "prefill_fixed_ms": 20.0, "prefill_compute_efficiency": 0.35,
+                      "decode_kv_efficiency": 0.7, "decode_kv_reread": 1.2, "prefill_fixed_ms": 20.0, "prefill_compute_efficiency": 0.35,
                       "prefill_scores_efficiency": 0.12,
                       "runtime_fixed_gib": 0.55, "compute_buffer_scale": 1.1},
 }
@@ -78,16 +78,22 @@ def fixture_record(model: str, device: str, quant: str, context: int, table: Coe
 
 
 def write_formula_fixture(root: Path, devices=TRUE_DEVICE_COEFFICIENTS, models=FIXTURE_MODELS,
-                          flash_attn: bool = False, quants=FIXTURE_QUANTS) -> Path:
-    """Write the synthetic fixture runs under ``root`` (a pytest tmp dir) and return it."""
+                          quants=FIXTURE_QUANTS) -> Path:
+    """Write the synthetic fixture runs under ``root`` (a pytest tmp dir) and return it: every context
+    without flash attention and the first one with it too (flash attention reads each K/V row once, which
+    tells the KV read's efficiency from the re-reads of the query heads without it)."""
     assert "runs" not in Path(root).parts[-1:], "synthetic fixtures never go into a runs/ directory"
     table = true_table(devices)
     for device in devices:
         for model in models:
             for quant in quants:
                 for context in FIXTURE_CONTEXTS:
-                    records.write_record(fixture_record(model, device, quant, context, table, flash_attn), root)
+                    records.write_record(fixture_record(model, device, quant, context, table), root)
+                records.write_record(fixture_record(model, device, quant, FIXTURE_CONTEXTS[0], table, True), root)
     return root
+
+
+FIXTURE_RUNS_PER_MODEL_AND_QUANT = len(FIXTURE_CONTEXTS) + 1
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +141,7 @@ def test_bootstrap_gives_uncertainties_and_provenance(fixture_dir):
     table = fit_table(load_dataset(fixture_dir), n_boot=20)
     entry = table["engines"]["llama.cpp"]["devices"]["rtx-4090"]["decode_bw_efficiency"]
     assert entry["uncertainty"] is not None and entry["uncertainty"] < 0.01
-    assert entry["n_runs"] == len(FIXTURE_MODELS) * len(FIXTURE_QUANTS) * len(FIXTURE_CONTEXTS)
+    assert entry["n_runs"] == len(FIXTURE_MODELS) * len(FIXTURE_QUANTS) * FIXTURE_RUNS_PER_MODEL_AND_QUANT
     assert entry["devices"] == ["rtx-4090"]
     assert entry["models"] == sorted(FIXTURE_MODELS)
     assert entry["engine_versions"] == ["fixture"]
