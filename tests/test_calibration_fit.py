@@ -231,3 +231,24 @@ def test_a_degenerate_design_drops_one_of_two_columns_that_move_together():
     chosen = {names[j] for j in _identifiable(features, np.arange(n), y, list(range(len(terms))), 3, 30.0)}
     assert "decode_fixed_per_layer_us" in chosen and "decode_bw_efficiency" in chosen
     assert "decode_dequant_flops_per_byte" not in chosen
+
+
+def test_the_kv_first_read_is_fitted_only_where_some_run_reads_each_row_once():
+    # Without flash attention every run also re-reads the rows once per query head: the first read's efficiency
+    # is held from the parent scope; one flash-attention run (first read only) lets the scope fit it.
+    from calibration.features import QUANTITY_TERMS, Features
+    from calibration.fit import _told_apart_nowhere
+
+    terms = QUANTITY_TERMS["decode"]
+    names = [t.name for t in terms]
+    first, reread = names.index("decode_kv_efficiency"), names.index("decode_kv_reread")
+    x = np.zeros((4, len(terms)))
+    x[:, names.index("decode_bw_efficiency")] = 1e-2
+    x[:, first] = [1e-3, 2e-3, 3e-3, 4e-3]
+    x[:, reread] = 3 * x[:, first]
+    y = np.full(4, 2e-2)
+    rows = np.arange(4)
+    assert _told_apart_nowhere(Features("decode", terms, np.zeros(4), x, np.ones(4, bool)), rows, y) == (
+        "decode_kv_efficiency",)
+    x[3, reread] = 0.0  # a flash-attention run
+    assert _told_apart_nowhere(Features("decode", terms, np.zeros(4), x, np.ones(4, bool)), rows, y) == ()
