@@ -34,12 +34,7 @@ from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, ENGINE_DEFAULTS
 from predictor.devices import cpu_device, resolve_device
 from predictor.errors import BenchcalError
-from predictor.estimate import (
-    DEFAULT_HOST_BANDWIDTH_GBS,
-    DEFAULT_HOST_MEMORY_GIB,
-    device_kwargs,
-    evaluate,
-)
+from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_HOST_MEMORY_GIB, device_kwargs, evaluate
 from predictor.quants import resolve_kv_dtype, resolve_quant
 from predictor.weights import format_bits, known_weights_bytes
 

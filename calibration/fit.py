@@ -187,8 +187,8 @@ def fit_terms(features: Features, rows: np.ndarray, y: np.ndarray, parent_weight
     names = [t.name for t in features.terms]
     bounds = [weight_bounds(t, cpu) for t in features.terms]
     weights = np.asarray(parent_weights, dtype=float).copy()
-    candidates = [j for j, name in enumerate(names) if name not in held and name not in _told_apart_nowhere(
-        features, rows, y)]
+    unseparable = _told_apart_nowhere(features, rows, y)
+    candidates = [j for j, name in enumerate(names) if name not in held and name not in unseparable]
     chosen = (fixed_set if fixed_set is not None
               else _identifiable(features, rows, y, candidates, min_points, max_condition))
     free = np.zeros(len(names), bool)

@@ -13,12 +13,7 @@ import numpy as np
 from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, Coefficients
 from predictor.devices import Device
-from predictor.estimate import (
-    DEFAULT_HOST_BANDWIDTH_GBS,
-    DEFAULT_PROMPT_TOKENS,
-    device_kwargs,
-    evaluate,
-)
+from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_PROMPT_TOKENS, device_kwargs, evaluate
 from predictor.memory import CPU_REPACKED_QUANTS
 from predictor.quants import QuantFormat
 from predictor.weights import format_bits, known_weights_bytes

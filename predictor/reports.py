@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from predictor import memory as mem
 from predictor.architecture import ModelArch
 from predictor.coefficients import Coefficients
 from predictor.devices import Device, load_devices
@@ -17,7 +18,13 @@ from predictor.estimate import GIB, VERDICTS, Estimate, predict
 from predictor.grid import sweep
 from predictor.quants import QuantFormat, quant_formats, resolve_kv_dtype, resolve_quant
 from predictor.render import Chart, Report
-from predictor.weights import WEIGHTS_FROM_WIDTH, known_weights_bytes, require_bits, weights_bits_per_weight
+from predictor.weights import (
+    WEIGHTS_FROM_WIDTH,
+    format_bits,
+    known_weights_bytes,
+    require_bits,
+    weights_bits_per_weight,
+)
 
 STANDARD_CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072)
 MATRIX_QUANTS = ("BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M", "Q2_K", "UD-Q2_K_XL")
@@ -191,7 +198,7 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
     quants: list[QuantFormat] = [qf for qf in quant_formats()
                                  if qf.id in names and engine in qf.engines and qf.bits_per_weight]
     known = {qf.id: known_weights_bytes(arch, qf, engine) for qf in quants}
-    quants.sort(key=lambda qf: -(known[qf.id][0] or arch.params_total * qf.bits_per_weight / 8.0))  # widest first
+    quants.sort(key=lambda qf: -(known[qf.id][0] or mem.weights_bytes(arch, *format_bits(arch, qf, engine))))  # widest first
     ctxs = list(contexts or contexts_for(arch))
     kv = resolve_kv_dtype(kv_dtype or ("f16" if engine == "llama.cpp" else "bf16"), engine)
     r = sweep(arch, engine, [device], quants, ctxs, [1], table=table, kv_bytes_per_element=kv.bytes_per_element,

@@ -7,7 +7,14 @@ import csv
 import json
 
 import pytest
-from test_calibration_fit import FIXTURE_NOTE, FIXTURE_RUNS_PER_MODEL_AND_QUANT, write_formula_fixture
+from test_calibration_fit import (
+    FIXTURE_MODELS,
+    FIXTURE_NOTE,
+    FIXTURE_QUANTS,
+    FIXTURE_RUNS_PER_MODEL_AND_QUANT,
+    TRUE_DEVICE_COEFFICIENTS,
+    write_formula_fixture,
+)
 
 from benchcal.cli import main
 from harness import records
@@ -52,7 +59,8 @@ def test_report_renders_every_format(calibrated, fmt, tmp_path):
     if fmt == "json":
         data = json.loads(text)
         assert data["schema"] == "benchcal.report/1"
-        assert len(data["rows"]["decode"]) == 2 * 3 * 2 * FIXTURE_RUNS_PER_MODEL_AND_QUANT  # devices x models x quants
+        assert len(data["rows"]["decode"]) == (len(TRUE_DEVICE_COEFFICIENTS) * len(FIXTURE_MODELS) * len(FIXTURE_QUANTS)
+                                               * FIXTURE_RUNS_PER_MODEL_AND_QUANT)
         assert data["failed_runs"][0]["status"] == "oom"
     elif fmt == "html":
         assert text.startswith("<!doctype html>") and "<svg" in text
