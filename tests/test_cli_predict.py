@@ -35,13 +35,24 @@ def test_predict_table_shows_breakdown_verdict_and_launch_commands():
 
 
 def test_a_device_without_a_flops_figure_predicts_decode_and_says_why_prefill_is_missing():
-    # The DGX Spark and the M3/M4 Macs have no sourced FLOPS: prefill and TTFT cannot be predicted; the
-    # reports say so instead of failing, and JSON stays strict (null, never NaN).
+    # A device whose FLOPS no source gives (a CPU host whose matmul probe could not run, say): prefill and TTFT
+    # cannot be predicted; the reports say so instead of failing, and JSON stays strict (null, never NaN).
+    import dataclasses
+
+    from predictor.devices import resolve_device
+    from predictor.estimate import predict
+    from predictor.models import resolve_model
+    from predictor.render import render
+    from predictor.reports import predict_report
+
+    spark = resolve_device("dgx-spark")
+    unknown = dataclasses.replace(spark, fp16_tflops=None, notes={**spark.notes, "fp16_tflops": "no source"})
+    est = predict(resolve_model("llama-3-8b"), unknown, None, 8192, "llama.cpp", coefficients="default")
     for fmt in ("table", "md", "html", "json"):
-        p = run("predict", "--model", "llama-3-8b", "--gpu", "dgx-spark", "--format", fmt)
-        assert p.returncode == 0, (fmt, p.stderr)
-    assert "no FLOPS figure" in run("predict", "--model", "llama-3-8b", "--gpu", "dgx-spark").stdout
-    d = json.loads(run("predict", "--model", "llama-3-8b", "--gpu", "dgx-spark", "--format", "json").stdout)
+        text = render(predict_report(est), fmt)
+        assert "NaN" not in text and "Infinity" not in text, fmt
+    assert "no FLOPS figure" in render(predict_report(est), "table")
+    d = json.loads(render(predict_report(est), "json"))
     assert d["throughput"]["prefill_tok_s"] is None and d["throughput"]["decode_tok_s"] > 0
     # the H20 141GB has no sourced bandwidth: not even decode can be predicted, and the report says so
     h20 = run("predict", "--model", "llama-3-8b", "--gpu", "h20-141gb")
