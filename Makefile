@@ -10,14 +10,18 @@ MODEL  ?=
 ENGINE ?= llama.cpp
 QUANT  ?=
 CTX    ?=
-SWEEP  ?= harness/sweeps/cpu-smoke.toml
-RUNS   ?= runs
-OUT    ?= calibration
+# Empty SWEEP: calibrate this machine if no run describes it, else measure the smoke sweep.
+SWEEP  ?=
+# Empty RUNS / OUT: your own data directory ($$BENCHCAL_HOME, else ~/.local/share/benchcal), never the shipped
+# runs/ and calibration/. The shipped dataset is refitted with `make refit`.
+RUNS   ?=
+OUT    ?=
 PUBLISH ?= publish
+RUNS_FLAG := $(if $(RUNS),--runs-dir $(RUNS),)
 # LLAMA_CUDA=1 builds llama.cpp with CUDA (needs nvcc) for GPU runners.
 LLAMA_CUDA ?=
 
-.PHONY: install install-vllm test bench calibrate report publish check lint clean
+.PHONY: install install-vllm test bench calibrate refit report publish check lint clean
 
 install: $(STAMP)
 
@@ -38,29 +42,36 @@ test: install install-vllm
 lint: install
 	$(BIN)/ruff check .
 
-# With no MODEL: the CPU smoke sweep (a small synthetic model, llama.cpp, a few configs).
+# With no MODEL and no SWEEP: calibrate this machine (harness/sweeps/host-calibration.toml, ~3 minutes on
+# 2 cores) when no run describes it, else measure the smoke sweep against its calibrated predictions.
 bench: install
 ifeq ($(strip $(MODEL)),)
-	$(BIN)/benchcal bench --gpu $(GPU) --sweep $(SWEEP) --runs-dir $(RUNS)
+	$(BIN)/benchcal bench --gpu $(GPU) $(if $(SWEEP),--sweep $(SWEEP),) $(RUNS_FLAG)
 else
 	$(BIN)/benchcal bench --gpu $(GPU) --model $(MODEL) --engine $(ENGINE) \
-		$(if $(QUANT),--quant $(QUANT),) $(if $(CTX),--ctx $(CTX),) --runs-dir $(RUNS)
+		$(if $(QUANT),--quant $(QUANT),) $(if $(CTX),--ctx $(CTX),) $(RUNS_FLAG)
 endif
 
+# Your runs -> your table ($$BENCHCAL_HOME/calibration), fitted over the shipped one.
 calibrate: install
-	$(BIN)/benchcal calibrate --runs-dir $(RUNS) --out $(OUT)
+	$(BIN)/benchcal calibrate $(RUNS_FLAG) $(if $(OUT),--out $(OUT),)
+
+# Maintainers: refit the shipped table from the shipped runs.
+refit: install
+	$(BIN)/benchcal calibrate --runs-dir runs --out calibration
 
 report: install
-	$(BIN)/benchcal report --runs-dir $(RUNS) --format html --output report.html
+	$(BIN)/benchcal report $(RUNS_FLAG) --format html --output report.html
 
+# The accuracy gate over the shipped runs and table.
 check: install
-	$(BIN)/benchcal check --runs-dir $(RUNS)
+	$(BIN)/benchcal check
 
 publish: install
 	mkdir -p $(PUBLISH)
-	$(BIN)/benchcal calibrate --runs-dir $(RUNS) --out $(PUBLISH)
-	$(BIN)/benchcal report --runs-dir $(RUNS) --coefficients $(PUBLISH)/coefficients.json --format html --output $(PUBLISH)/index.html
-	$(BIN)/benchcal report --runs-dir $(RUNS) --coefficients $(PUBLISH)/coefficients.json --format md --output $(PUBLISH)/report.md
+	$(BIN)/benchcal calibrate --runs-dir runs --out $(PUBLISH)
+	$(BIN)/benchcal report --runs-dir runs --coefficients $(PUBLISH)/coefficients.json --format html --output $(PUBLISH)/index.html
+	$(BIN)/benchcal report --runs-dir runs --coefficients $(PUBLISH)/coefficients.json --format md --output $(PUBLISH)/report.md
 	@echo "publish: $(PUBLISH)/ holds coefficients.{json,csv,md}, index.html and report.md"
 
 clean:

@@ -1,7 +1,7 @@
 """The accuracy gate: recompute every error with the current code and coefficients, compare with thresholds
 (``calibration/accuracy.toml``) and with a committed baseline (``calibration/baseline.json``).
 
-Errors are grouped per (engine, device). A group fails when its decode / prefill / TTFT MAPE or decode
+Errors are grouped per (engine, device); a CPU's device is its host id (``cpu-<model>-<isa>-<cores>c``). A group fails when its decode / prefill / TTFT MAPE or decode
 p90 exceeds its threshold, or when its MAPE grew by more than the tolerance over the baseline; a run
 fails when its peak-memory error exceeds max(``memory_rel`` x measured, ``memory_abs_mib``).
 """
@@ -43,7 +43,12 @@ class Thresholds:
     overrides: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def limit(self, group: str, metric: str) -> float:
-        return float(self.overrides.get(group, {}).get(metric, self.limits[metric]))
+        """The group's own limit, else (a CPU host, ``engine/cpu-...``) the ``engine/cpu`` one, else the default."""
+        engine, _sep, device = group.partition("/")
+        for key in (group, f"{engine}/cpu" if device.startswith("cpu-") else None):
+            if key and metric in self.overrides.get(key, {}):
+                return float(self.overrides[key][metric])
+        return float(self.limits[metric])
 
 
 def load_thresholds(path: str | Path | None) -> Thresholds:
@@ -78,7 +83,7 @@ def group_metrics(dataset: Dataset, predictions: dict[str, np.ndarray],
         if len(block) == 0:
             continue
         errors = np.where(scored_rows(dataset, q, include_noisy), quantity_ape(q, predictions[q], actual[q]), np.nan)
-        groups = (block.meta["engine"].astype(str) + "/" + block.meta["device"].astype(str)).to_numpy()
+        groups = (block.meta["engine"].astype(str) + "/" + block.meta["device_id"].astype(str)).to_numpy()
         for group in sorted(set(groups)):
             stats = summarize_errors(errors[groups == group])
             if stats["n"]:
@@ -94,7 +99,7 @@ def memory_failures(dataset: Dataset, predictions: dict[str, np.ndarray], thresh
         meas, pred = block.y[i], predictions["memory"][i]
         if not (np.isfinite(meas) and np.isfinite(pred)):
             continue
-        group = f"{meta['engine']}/{meta['device']}"
+        group = f"{meta['engine']}/{meta['device_id']}"
         allowed = max(thresholds.limit(group, "memory_rel") * meas, thresholds.limit(group, "memory_abs_mib") * MIB)
         if abs(pred - meas) > allowed:
             failures.append({"group": group, "id": meta["id"], "model": meta["model_key"], "quant": meta["quant"],

@@ -4,6 +4,9 @@
   device then falls back to its family or the engine scope, as an unmeasured GPU would;
 - leave-one-model-out (LOMO): for each model (a shrunk architecture counts as its own model), fit
   without it and predict it; its devices keep their device scopes, as a new model on a measured GPU;
+- leave-one-source-out (LOSO): for each source (``source_set``: one publisher's set of imported runs, or
+  one measuring machine), fit without its runs and predict them: data neither fitted nor sharing a fitted
+  run's setup, build or disturbances, as results from a new publisher would be;
 - in-sample: the table fitted on everything, predicting the same runs.
 
 Metrics per quantity (decode, prefill, ttft, memory): MAPE (mean absolute percentage error, as a
@@ -58,11 +61,12 @@ def summarize_errors(errors: np.ndarray) -> dict[str, Any]:
             "n": int(len(values))}
 
 
-def in_sample_predictions(dataset: Dataset, table: dict[str, Any]) -> dict[str, np.ndarray]:
-    return predict(dataset, Coefficients(table))
+def in_sample_predictions(dataset: Dataset, table: dict[str, Any],
+                          prior: Coefficients | None = None) -> dict[str, np.ndarray]:
+    return predict(dataset, _with_prior(table, prior))
 
 
-def _holdout_predictions(dataset: Dataset, column: str) -> dict[str, np.ndarray]:
+def _holdout_predictions(dataset: Dataset, column: str, prior: Coefficients | None = None) -> dict[str, np.ndarray]:
     """Out-of-sample predictions when each value of ``column`` is held out in turn (NaN if never)."""
     blocks = dataset.blocks
     out = {q: np.full(len(blocks[_block_of(q)]), np.nan) for q in METRIC_QUANTITIES}
@@ -74,20 +78,30 @@ def _holdout_predictions(dataset: Dataset, column: str) -> dict[str, np.ndarray]
         masks = {q: ~held[q] for q in QUANTITIES}
         if not any(np.any(blocks[q].fittable & masks[q]) for q in QUANTITIES):
             continue
-        table = fit_table(dataset, masks, n_boot=0)
-        predicted = predict(dataset, Coefficients(table))
+        table = fit_table(dataset, masks, n_boot=0, prior=prior)
+        predicted = predict(dataset, _with_prior(table, prior))
         for q in METRIC_QUANTITIES:
             rows = held[_block_of(q)]
             out[q][rows] = predicted[q][rows]
     return out
 
 
-def leave_one_device_out(dataset: Dataset) -> dict[str, np.ndarray]:
-    return _holdout_predictions(dataset, "device_id")
+def _with_prior(table: dict[str, Any], prior: Coefficients | None) -> Coefficients:
+    """The fitted table as ``predict`` will read it: alone, or (a user's fit) its device scopes over the prior."""
+    return prior.with_devices_from(Coefficients(table)) if prior is not None else Coefficients(table)
 
 
-def leave_one_model_out(dataset: Dataset) -> dict[str, np.ndarray]:
-    return _holdout_predictions(dataset, "model_key")
+def leave_one_device_out(dataset: Dataset, prior: Coefficients | None = None) -> dict[str, np.ndarray]:
+    return _holdout_predictions(dataset, "device_id", prior)
+
+
+def leave_one_model_out(dataset: Dataset, prior: Coefficients | None = None) -> dict[str, np.ndarray]:
+    return _holdout_predictions(dataset, "model_key", prior)
+
+
+def leave_one_source_out(dataset: Dataset, prior: Coefficients | None = None) -> dict[str, np.ndarray]:
+    """Each source (``source_set``, see :func:`calibration.observations.source_set`) held out as a whole."""
+    return _holdout_predictions(dataset, "source_set", prior)
 
 
 def scored_rows(dataset: Dataset, quantity: str, include_noisy: bool = False) -> np.ndarray:
@@ -120,12 +134,16 @@ def error_metrics(dataset: Dataset, predictions: dict[str, np.ndarray]) -> dict[
     return out
 
 
-def cross_validate(dataset: Dataset, table: dict[str, Any]) -> dict[str, Any]:
-    """In-sample, LODO and LOMO predictions and metrics: {"predictions": ..., "metrics": ...}."""
+def cross_validate(dataset: Dataset, table: dict[str, Any], prior: Coefficients | None = None) -> dict[str, Any]:
+    """In-sample, LODO, LOMO and LOSO predictions and metrics: {"predictions": ..., "metrics": ...}.
+
+    With a ``prior`` (a user's fit over the shipped table) every fold starts from it, and a held-out device
+    falls back to the prior's scopes, as an unmeasured host would."""
     predictions = {
-        "in_sample": in_sample_predictions(dataset, table),
-        "lodo": leave_one_device_out(dataset),
-        "lomo": leave_one_model_out(dataset),
+        "in_sample": in_sample_predictions(dataset, table, prior),
+        "lodo": leave_one_device_out(dataset, prior),
+        "lomo": leave_one_model_out(dataset, prior),
+        "loso": leave_one_source_out(dataset, prior),
     }
     metrics = {name: error_metrics(dataset, p) for name, p in predictions.items()}
     return {"predictions": predictions, "metrics": metrics}

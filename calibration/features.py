@@ -34,7 +34,13 @@ from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, ENGINE_DEFAULTS
 from predictor.devices import cpu_device, resolve_device
 from predictor.errors import BenchcalError
-from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_HOST_MEMORY_GIB, device_kwargs, evaluate
+from predictor.estimate import (
+    DEFAULT_HOST_BANDWIDTH_GBS,
+    DEFAULT_HOST_MEMORY_GIB,
+    cpu_kernel_kwargs,
+    device_kwargs,
+    evaluate,
+)
 from predictor.quants import resolve_kv_dtype, resolve_quant
 from predictor.weights import format_bits, known_weights_bytes
 
@@ -74,17 +80,20 @@ QUANTITY_TERMS: dict[str, tuple[Term, ...]] = {
         Term("decode_kv_efficiency", True),
         Term("decode_kv_reread", False),
         Term("decode_dequant_flops_per_byte", False),
+        Term("decode_generic_flops_per_byte", False),
         Term("host_bw_efficiency", True),
     ),
     "prefill": (
         Term("prefill_fixed_ms", False),
         Term("decode_bw_efficiency", True),  # the bandwidth-bound branch of each ubatch (held from decode)
         Term("prefill_compute_efficiency", True),
+        Term("prefill_f16_efficiency", True),
         Term("prefill_attn_efficiency", True),
         Term("prefill_scores_efficiency", True),
         Term("prefill_dequant_bytes_per_weight", False),
         Term("prefill_unpack_flops_per_weight", False),
         Term("prefill_generic_flops_per_weight", False),
+        Term("prefill_q8_flops_per_weight", False),
     ),
     "memory": (
         Term("runtime_fixed_gib", False),
@@ -106,11 +115,12 @@ def run_arch(model: str, overrides_json: str = "") -> ModelArch:
 
 
 def _cpu_figures(row: Mapping[str, Any]) -> tuple[float, float, float]:
-    """Host bandwidth (GB/s), FLOPS (TFLOPS) and memory (GiB) the harness measured for a CPU run."""
+    """Host bandwidth (GB/s), matmul rate (TFLOPS: the engine's F16 probe, ``harness.hostbench``) and memory
+    (GiB) the harness measured for a CPU run."""
     bw = row.get("host_bandwidth_gbs")
-    gflops = row.get("host_fp32_gflops")
+    gflops = row.get("host_matmul_gflops")
     if not _finite(bw) or not _finite(gflops):
-        raise BenchcalError(f"CPU run {row.get('id')} has no measured host bandwidth/FLOPS in its provenance")
+        raise BenchcalError(f"CPU run {row.get('id')} has no probed host bandwidth/matmul rate in its provenance")
     memory_gib = row.get("host_memory_gib")
     return float(bw), float(gflops) / 1000.0, float(memory_gib) if _finite(memory_gib) else DEFAULT_HOST_MEMORY_GIB
 
@@ -126,7 +136,8 @@ def run_device(row: Mapping[str, Any]):
     """The predictor's Device for a run: the catalogue GPU, or the measured host for ``cpu``."""
     if str(row.get("device")) == "cpu":
         bw, tflops, memory_gib = _cpu_figures(row)
-        return cpu_device(bandwidth_gbs=bw, tflops=tflops, memory_gib=memory_gib)
+        return cpu_device(bandwidth_gbs=bw, tflops=tflops, memory_gib=memory_gib,
+                          device_id=str(row.get("host_id") or "cpu"))
     return resolve_device(str(row.get("device")))
 
 
@@ -161,7 +172,7 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
         "device_count": float(row.get("device_count") or 1),
         "offload_fraction": float(row.get("offload_fraction") or 0.0),
         "flash_attn": bool(row.get("flash_attn")),
-        "cpu_repack": quant.id in mem.CPU_REPACKED_QUANTS,
+        **cpu_kernel_kwargs(arch, quant.id),
         "n_ubatch": float(row.get("n_ubatch") or 512),
         "cublas_dequant": row.get("quantized_matmul") == "cublas-fp16",
         "host_bandwidth_gbs": float(host_bw) if _finite(host_bw) else DEFAULT_HOST_BANDWIDTH_GBS,
@@ -172,7 +183,7 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
 
 ARRAY_INPUTS = ("memory_gib", "usable_gib", "bandwidth_gbs", "tflops", "bits_per_weight", "exact_weights_bytes",
                 "kv_bytes_per_element", "context", "batch", "device_count", "offload_fraction", "flash_attn",
-                "cpu_repack", "n_ubatch", "cublas_dequant", "host_bandwidth_gbs", "host_memory_gib")
+                "cpu_repack", "cpu_repack_weights", "cpu_float_weights", "cpu_q8_weights", "cpu_generic_bytes", "n_ubatch", "cublas_dequant", "host_bandwidth_gbs", "host_memory_gib")
 
 
 @dataclass

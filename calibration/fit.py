@@ -49,24 +49,29 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "decode_kv_efficiency": (0.02, 1.0),
     "decode_kv_reread": (0.0, 50.0),
     "decode_dequant_flops_per_byte": (0.0, 1000.0),
+    "decode_generic_flops_per_byte": (0.0, 1000.0),
     "host_bw_efficiency": (0.02, 2.0),
     "prefill_fixed_ms": (0.0, 10000.0),
     "prefill_compute_efficiency": (0.005, 2.0),
+    "prefill_f16_efficiency": (0.005, 4.0),
     "prefill_attn_efficiency": (0.005, 1.0),
     "prefill_scores_efficiency": (0.005, 1.0),
     "prefill_dequant_bytes_per_weight": (0.0, 100.0),
     "prefill_unpack_flops_per_weight": (0.0, 1000.0),
     "prefill_generic_flops_per_weight": (0.0, 1000.0),
+    "prefill_q8_flops_per_weight": (0.0, 1000.0),
     "runtime_fixed_gib": (0.0, 64.0),
     "compute_buffer_scale": (0.0, 20.0),
 }
 CPU_UPPER = {"decode_bw_efficiency": 2.0, "prefill_compute_efficiency": 4.0, "prefill_attn_efficiency": 4.0}
 # When the design is degenerate, drop these first (kept last: the efficiencies, the physics).
-DROP_ORDER = ("decode_fixed_per_layer_us", "decode_kv_efficiency", "decode_kv_reread", "decode_dequant_flops_per_byte",
+DROP_ORDER = ("decode_fixed_per_layer_us", "decode_kv_efficiency", "decode_kv_reread", "decode_generic_flops_per_byte",
+              "decode_dequant_flops_per_byte",
               "host_bw_efficiency", "prefill_unpack_flops_per_weight", "prefill_generic_flops_per_weight",
+              "prefill_q8_flops_per_weight",
               "prefill_dequant_bytes_per_weight", "prefill_attn_efficiency", "prefill_scores_efficiency",
               "prefill_fixed_ms", "decode_fixed_ms", "compute_buffer_scale", "runtime_fixed_gib",
-              "prefill_compute_efficiency", "decode_bw_efficiency")
+              "prefill_f16_efficiency", "prefill_compute_efficiency", "decode_bw_efficiency")
 
 
 def weight_bounds(term: Term, cpu: bool) -> tuple[float, float]:

@@ -20,12 +20,15 @@ import os
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pandas as pd
 
 from harness import record_tables, records
+from harness.hostinfo import record_host_id
 from predictor.errors import BenchcalError
 
 DEFAULT_DECODE_PROMPT_TOKENS = 16  # the harness's decode prompt when a run has no prompt lengths
@@ -33,8 +36,9 @@ DEFAULT_DECODE_PROMPT_TOKENS = 16  # the harness's decode prompt when a run has 
 RUN_COLUMNS = (
     "id", "status", "reason", "source", "model", "arch_overrides", "model_key", "quant", "engine", "device",
     "device_count", "context", "batch", "kv_dtype", "n_gpu_layers", "flash_attn", "n_ubatch",
-    "offload_fraction", "weights_bytes", "host_bandwidth_gbs", "host_fp32_gflops", "host_memory_gib",
-    "engine_version", "quantized_matmul", "prediction_error", "pred_verdict", "excluded_from_fit", "path",
+    "offload_fraction", "weights_bytes", "host_bandwidth_gbs", "host_matmul_gflops", "host_memory_gib", "host_id",
+    "engine_version", "quantized_matmul", "prediction_error", "pred_verdict", "excluded_from_fit", "source_set",
+    "path",
 )
 
 DECODE_COLUMNS = ("decode_tok_s", "decode_step_s", "decode_context", "gen_tokens", "rel_std", "exclude_reason")
@@ -91,6 +95,76 @@ def model_key(model: str, overrides: dict[str, Any] | None) -> str:
     return f"{model}[{parts}]"
 
 
+THREAD_KINDS = ("issues", "pull", "discussions")  # GitHub URLs naming a thread rather than a repository's file
+
+
+def url_source(url: str | None) -> str | None:
+    """Who published the results at ``url``: a GitHub repository (``owner/name``), or its thread
+    (``owner/name#N``) for an issue, pull request or discussion; else the host and path; None without a URL."""
+    if not url:
+        return None
+    parts = urlsplit(str(url))
+    path = [unquote(p) for p in parts.path.split("/") if p]
+    if parts.netloc.lower() in ("github.com", "www.github.com") and len(path) >= 2:
+        repo = f"{path[0]}/{path[1]}"
+        if len(path) >= 4 and path[2] in THREAD_KINDS:
+            return f"{repo}#{path[3]}"
+        return repo
+    return (parts.netloc + "/" + "/".join(path)).strip("/") or None
+
+
+@lru_cache(maxsize=1)
+def _shipped_excerpts() -> tuple[dict[tuple[str, str], str], dict[str, frozenset[str]]]:
+    """The shipped public excerpts (``tests/data/imported/sources.json``): (file name, URL) -> set folder, and
+    each folder's publishers (:func:`url_source` of its URLs). Empty where the manifest is not installed."""
+    from calibration.public_data import load_manifest
+
+    try:
+        manifest = load_manifest()
+    except (BenchcalError, OSError, ValueError):
+        return {}, {}
+    folders: dict[tuple[str, str], str] = {}
+    publishers: dict[str, set[str]] = {}
+    for entry in manifest:
+        file = str(entry.get("file") or "")
+        if "/" not in file:
+            continue
+        folder, name = file.split("/", 1)[0], file.rsplit("/", 1)[-1]
+        folders[(name, str(entry.get("url") or ""))] = folder
+        publishers.setdefault(folder, set()).add(url_source(entry.get("url")) or folder)
+    return folders, {folder: frozenset(keys) for folder, keys in publishers.items()}
+
+
+def imported_source_set(file: str | None, url: str | None) -> str:
+    """The source group of an imported record: the set (folder of ``tests/data/imported``) its excerpt came
+    from, or, where that folder gathers several publishers' posts (``apple-silicon``: three threads by three
+    people), ``<set>:<repository or thread>``. A record imported from elsewhere is grouped by its URL's
+    repository or thread (``imported:<owner/name>``), else by its file name."""
+    name = str(file or "")
+    folders, publishers = _shipped_excerpts()
+    folder = name.split("/", 1)[0] if "/" in name else folders.get((name, str(url or "")))
+    publisher = url_source(url)
+    if folder is None:
+        return f"imported:{publisher or name or 'unknown'}"
+    if len(publishers.get(folder, ())) > 1 and publisher:
+        return f"{folder}:{publisher}"
+    return folder
+
+
+def source_set(record: dict[str, Any]) -> str:
+    """Who produced a run, for leave-one-source-out cross-validation: an imported record's set (see
+    :func:`imported_source_set`); a measured run's machine, ``measured:<host_id>`` on a CPU and
+    ``measured:<device>`` on an accelerator (one machine's runs share its setup and its disturbances)."""
+    prov = record.get("provenance") or {}
+    config = record.get("config") or {}
+    if prov.get("source") == "imported":
+        return imported_source_set(prov.get("imported_from"), prov.get("source_url"))
+    device = config.get("device")
+    if device == "cpu":
+        return f"measured:{record_host_id(prov) or 'cpu'}"
+    return f"measured:{device}"
+
+
 def _offload_fraction(config: dict[str, Any]) -> float:
     """Share of layers on the host: the config's own figure (set by the harness when it planned it)."""
     return float(config.get("offload_fraction") or 0.0)
@@ -119,12 +193,14 @@ def run_row(path: Path, record: dict[str, Any]) -> dict[str, Any]:
         "n_ubatch": int(base["n_ubatch"] or 512),
         "offload_fraction": _offload_fraction(config),
         "weights_bytes": prov.get("weights_bytes") or prov.get("model_size_bytes"),
-        "host_fp32_gflops": prov.get("host_fp32_gflops"),
+        "host_matmul_gflops": prov.get("host_matmul_gflops"),
+        "host_id": record_host_id(prov) if base["device"] == "cpu" else None,
         "host_memory_gib": host_memory / 2**30 if isinstance(host_memory, (int, float)) else None,
         "quantized_matmul": prov.get("quantized_matmul"),
         "prediction_error": error.get("kind") if isinstance(error, dict) else None,
         "pred_verdict": (prediction.get("fit") or {}).get("verdict") if isinstance(prediction, dict) else None,
         "excluded_from_fit": json.dumps(prov["excluded_from_fit"]) if prov.get("excluded_from_fit") else "",
+        "source_set": source_set(record),
     })
     return {name: row[name] for name in RUN_COLUMNS}
 

@@ -23,6 +23,7 @@ UNITS = {
     "decode_fixed_ms": "ms", "decode_fixed_per_layer_us": "us/layer", "decode_bw_efficiency": "of peak BW",
     "decode_kv_reread": "peak-BW bytes per byte",
     "host_bw_efficiency": "of host BW", "prefill_fixed_ms": "ms", "prefill_compute_efficiency": "of peak FLOPS",
+    "prefill_f16_efficiency": "of probed CPU FLOPS",
     "prefill_attn_efficiency": "of peak FLOPS", "runtime_fixed_gib": "GiB", "compute_buffer_scale": "x analytical",
 }
 
@@ -79,8 +80,9 @@ def _num(x: Any) -> str:
 def _metrics_table(metrics: dict[str, Any]) -> list[str]:
     lines = ["| validation | decode MAPE / p90 | prefill MAPE / p90 | TTFT MAPE / p90 | memory MAPE / p90 |",
              "|---|---|---|---|---|"]
-    labels = {"in_sample": "in-sample", "lomo": "leave one model out", "lodo": "leave one device out"}
-    for key in ("in_sample", "lomo", "lodo"):
+    labels = {"in_sample": "in-sample", "lomo": "leave one model out", "lodo": "leave one device out",
+              "loso": "leave one source out"}
+    for key in ("in_sample", "lomo", "lodo", "loso"):
         block = metrics.get(key) or {}
         groups = [("all runs", block.get("overall") or {})]
         kinds = block.get("kinds") or {}
@@ -112,6 +114,12 @@ def to_markdown(table: dict[str, Any], runs_dirs: list[str] | None = None) -> st
         out += ["", f"## {engine} — {kind} `{name}`", ""]
         if band:
             out.append("Error band (p90): " + ", ".join(f"{q} ±{_pct(v)}" for q, v in band.items()) + ".")
+            out.append("")
+        figures = entry.get("host_figures") or {}
+        if figures:
+            out.append(f"Host probe figures its runs were measured with (median of {figures.get('n_runs')} runs; "
+                       f"predictions for this host use them): bandwidth {_num(figures.get('bandwidth_gbs'))} GB/s, "
+                       f"matmul {_num(figures.get('matmul_gflops'))} GFLOP/s.")
             out.append("")
         out += ["| coefficient | value | ± | unit | fitted | runs | points | devices | models | engine versions "
                 "| cv MAPE |", "|---|---|---|---|---|---|---|---|---|---|---|"]

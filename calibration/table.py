@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from calibration.dataset import QUANTITIES, Block, Dataset
 from calibration.fit import acts_on, fit_terms
@@ -36,14 +37,27 @@ class ScopeRows:
     masks: dict[str, np.ndarray]
 
 
-def _parent_values(table: dict[str, Any], engine: str, scope: str, family: str | None) -> dict[str, float]:
-    """Coefficient values of the scope above ``scope`` in the table built so far."""
-    coeffs = Coefficients(table)
+def _parent_values(table: dict[str, Any], engine: str, scope: str, family: str | None,
+                   prior: Coefficients | None = None, device: str | None = None) -> dict[str, float]:
+    """Coefficient values of the scope above ``scope``: the table built so far over the ``prior`` (a table
+    fitted before, e.g. the shipped one when a user calibrates their own machine), else the engine defaults.
+
+    With a prior, a family starts from the prior's own value for that family and a device from the prior's
+    value for that device (or its family), each overlaid with the scopes this fit has produced above it."""
+    base = prior if prior is not None else Coefficients()
     if scope == "engine":
-        return {name: value for name, (value, _src) in ENGINE_DEFAULTS[engine].items()}
+        return dict(base.lookup(engine, "\0none", "\0none").values)
     if scope.startswith("family:"):
-        return dict(coeffs.lookup(engine, "\0none", "\0none").values)
-    return dict(coeffs.lookup(engine, "\0none", family or "\0none").values)
+        family, device = scope[len("family:"):], None
+    values = dict(base.lookup(engine, device or "\0none", family or "\0none").values)
+    own = ((table.get("engines") or {}).get(engine) or {})
+    above = [own.get("default") or {}]
+    if not scope.startswith("family:"):
+        above.append((own.get("families") or {}).get(family or "\0none") or {})
+    for entry in above:
+        values.update({name: float(item["value"]) for name, item in entry.items()
+                       if isinstance(item, dict) and "value" in item and name in values})
+    return values
 
 
 def _distinct(values) -> list[str]:
@@ -152,6 +166,29 @@ def scopes_of(dataset: Dataset, engine: str, masks: dict[str, np.ndarray] | None
     return out
 
 
+def host_figures(dataset: Dataset, engine: str, device: str,
+                 masks: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """For a CPU host's scope, ``{"host_figures": {bandwidth_gbs, matmul_gflops, n_runs}}``: the medians of the
+    probe figures its runs were measured with, the scale its coefficients were fitted against, so that its
+    predictions use them rather than a later probe's (empty for other devices)."""
+    frames = []
+    for quantity in QUANTITIES:
+        meta = dataset.blocks[quantity].meta
+        rows = (meta["device_id"].to_numpy() == device) & (meta["engine"].to_numpy() == engine)
+        rows &= meta["kind"].to_numpy() == "cpu"
+        if masks is not None:
+            rows &= masks[quantity]
+        frames.append(meta.loc[rows, ["id", "host_bandwidth_gbs", "host_matmul_gflops"]])
+    runs = pd.concat(frames).drop_duplicates("id")
+    bandwidth = pd.to_numeric(runs["host_bandwidth_gbs"], errors="coerce").dropna()
+    matmul = pd.to_numeric(runs["host_matmul_gflops"], errors="coerce").dropna()
+    if runs.empty or bandwidth.empty:
+        return {}
+    return {"host_figures": {"bandwidth_gbs": _round(float(bandwidth.median())),
+                             "matmul_gflops": _round(float(matmul.median())) if not matmul.empty else None,
+                             "n_runs": int(len(runs))}}
+
+
 def _device_family(dataset: Dataset, device: str) -> str | None:
     for block in dataset.blocks.values():
         hit = block.meta.loc[block.meta["device_id"] == device, "family"]
@@ -161,11 +198,13 @@ def _device_family(dataset: Dataset, device: str) -> str | None:
 
 
 def fit_table(dataset: Dataset, masks: dict[str, np.ndarray] | None = None, *, n_boot: int = 0,
-              seed: int = 0, source: str = "benchcal calibrate") -> dict[str, Any]:
+              seed: int = 0, source: str = "benchcal calibrate", prior: Coefficients | None = None) -> dict[str, Any]:
     """Fit every scope of every engine on the rows selected by ``masks`` (all rows when None).
 
     Returns the coefficients-file document (``predictor.coefficients`` schema) with provenance per
     coefficient. ``n_boot``: bootstrap resamples for uncertainties (0: none, as in cross-validation).
+    ``prior``: a table whose values start each scope and stand in for what these runs cannot identify
+    (``benchcal calibrate`` of a user's runs starts from the shipped table); None: the engine defaults.
     """
     rng = np.random.default_rng(seed)
     table: dict[str, Any] = {
@@ -184,7 +223,8 @@ def fit_table(dataset: Dataset, masks: dict[str, np.ndarray] | None = None, *, n
             label = {"engine": "engine default", "family": "engine scope", "device": "family scope"}[
                 scope.scope.split(":")[0]]
             entry: dict[str, Any] = {}
-            parent = _parent_values(table, engine, scope.scope, family)
+            parent = _parent_values(table, engine, scope.scope, family, prior,
+                                    scope.scope[7:] if scope.scope.startswith("device:") else None)
             for quantity in QUANTITIES:
                 fitted = fit_scope_quantity(dataset.blocks[quantity], scope.masks[quantity], parent,
                                             n_boot=n_boot, rng=rng, scope_label=label)
@@ -192,6 +232,8 @@ def fit_table(dataset: Dataset, masks: dict[str, np.ndarray] | None = None, *, n
                 parent.update({name: item["value"] for name, item in fitted.items()})
             if not entry:
                 continue
+            if scope.scope.startswith("device:"):
+                entry.update(host_figures(dataset, engine, scope.scope[7:], masks))
             if scope.scope == "engine":
                 eng["default"] = entry
             elif scope.scope.startswith("family:"):

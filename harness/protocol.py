@@ -236,34 +236,31 @@ def _model_arch(cfg: Mapping[str, Any]) -> Any:
 
 
 def _predictor_device(cfg: Mapping[str, Any], host: Mapping[str, Any] | None) -> Any:
-    """The predictor's device for the run: the catalogue GPU, or the host CPU with measured figures."""
+    """The predictor's device for the run: the catalogue GPU, or the host CPU with its probed figures and its
+    calibration identity (``host_id``)."""
     from predictor import devices
 
     if cfg["device"] != "cpu":
         return devices.resolve_device(cfg["device"])
-    host = host or {}
-    factory = getattr(devices, "cpu_device", None)
-    if factory is None:
-        return devices.resolve_device("cpu")
-    return factory(**_cpu_device_kwargs(factory, host))
+    host = dict(host or {})
+    fitted = _fitted_host_figures(str(cfg["engine"]), host.get("host_id"))
+    if fitted:  # a calibrated host is predicted with the figures its coefficients were fitted against
+        host.update({k: v for k, v in fitted.items() if k in ("bandwidth_gbs", "matmul_gflops") and v})
+    gflops = host.get("matmul_gflops")
+    return devices.cpu_device(bandwidth_gbs=host.get("bandwidth_gbs"), tflops=gflops / 1000.0 if gflops else None,
+                              memory_gib=host.get("memory_gib"), name=host.get("cpu_model") or "host CPU",
+                              device_id=host.get("host_id") or "cpu")
 
 
-def _cpu_device_kwargs(factory: Callable[..., Any], host: Mapping[str, Any]) -> dict[str, Any]:
-    """Pass the host profile's figures to ``cpu_device`` under whatever names it accepts."""
-    import inspect
+def _fitted_host_figures(engine: str, host_id: str | None) -> dict[str, Any] | None:
+    if not host_id:
+        return None
+    from predictor.coefficients import default_coefficients
 
-    wanted = {
-        "bandwidth_gbs": host.get("bandwidth_gbs"),
-        "memory_gib": host.get("memory_gib"),
-        "fp32_gflops": host.get("fp32_gflops"),
-        "tflops": host["fp32_gflops"] / 1000.0 if host.get("fp32_gflops") else None,
-        "cores": host.get("cores"),
-        "name": host.get("cpu_model"),
-        "cpu_model": host.get("cpu_model"),
-    }
-    params = inspect.signature(factory).parameters
-    accepts_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
-    return {k: v for k, v in wanted.items() if v is not None and (accepts_any or k in params)}
+    try:
+        return default_coefficients().host_figures(engine, host_id)
+    except BenchcalError:
+        return None
 
 
 def predict_config(cfg: Mapping[str, Any], host: Mapping[str, Any] | None = None) -> tuple[dict | None, str | None]:

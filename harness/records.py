@@ -257,13 +257,13 @@ def _validate_measurements(measurements: Any) -> None:
 
 
 def runs_dir(cli_value: str | os.PathLike[str] | None = None) -> Path:
-    """Where run records live: the command-line value, else ``$BENCHCAL_RUNS``, else ``./runs``."""
+    """Where run records live: the command-line value, else ``$BENCHCAL_RUNS``, else the user's data directory
+    (``$BENCHCAL_HOME/runs``; :mod:`predictor.userdata`). Never the shipped ``runs/`` unless named."""
     if cli_value:
         return Path(cli_value).expanduser()
-    env = os.environ.get(RUNS_ENV)
-    if env:
-        return Path(env).expanduser()
-    return Path("runs")
+    from predictor.userdata import user_runs_dir
+
+    return user_runs_dir()
 
 
 def safe_component(name: Any) -> str:
@@ -407,14 +407,19 @@ def iter_records(
         yield StoredRun(path, record)
 
 
-def ok_config_hashes(runs_dir: str | os.PathLike[str]) -> set[str]:
+def ok_config_hashes(runs_dir: str | os.PathLike[str], host_id: str | None = None) -> set[str]:
     """Config hashes that already have a record with status ``ok`` (used to resume sweeps).
 
-    A record measured in place of a planned config (``planned.config_hash``) covers that config too.
+    A record measured in place of a planned config (``planned.config_hash``) covers that config too. With
+    ``host_id``, a CPU run counts only when that host measured it (``provenance.host_id``): the same config
+    on another CPU is not measured yet.
     """
     hashes: set[str] = set()
     for run in iter_records(runs_dir, on_error=lambda path, message: None):
         if run.record["status"] != "ok":
+            continue
+        config, provenance = run.record.get("config") or {}, run.record.get("provenance") or {}
+        if host_id and config.get("device") == "cpu" and provenance.get("host_id") != host_id:
             continue
         hashes.add(run.record["config_hash"])
         planned = run.record.get("planned") or {}

@@ -30,7 +30,7 @@ import copy
 import itertools
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,30 +113,11 @@ def load_sweep(name_or_path: str) -> Sweep:
                  float(timeout) if timeout else None, path)
 
 
-def pending(configs: list[dict[str, Any]], runs_dir: str | os.PathLike[str]) -> tuple[list[dict], list[dict]]:
-    """Split configs into (to run, already measured ok) by config hash."""
-    done = records.ok_config_hashes(runs_dir)
+def pending(configs: list[dict[str, Any]], runs_dir: str | os.PathLike[str],
+            host_id: str | None = None) -> tuple[list[dict], list[dict]]:
+    """Split configs into (to run, already measured ok) by config hash (CPU configs: on host ``host_id``)."""
+    done = records.ok_config_hashes(runs_dir, host_id)
     todo, skipped = [], []
     for config in configs:
         (skipped if records.config_hash(config) in done else todo).append(config)
     return todo, skipped
-
-
-def run_sweep(
-    sweep: Sweep,
-    runs_dir: str | os.PathLike[str],
-    run_one: Callable[[dict[str, Any]], Any],
-    resume: bool = True,
-    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-) -> tuple[list[Any], list[dict[str, Any]]]:
-    """Run every config not yet measured through ``run_one``; returns (outcomes, skipped configs).
-
-    ``prepare`` turns a sweep config into the config that will be hashed and measured (for example
-    resolving ``device = "auto"``); it runs before the resume check so hashes match stored records.
-    """
-    from harness.protocol import prepare_config
-
-    prepared = [prepare_config(prepare(c) if prepare else c) for c in sweep.configs]
-    todo, skipped = pending(prepared, runs_dir) if resume else (prepared, [])
-    outcomes = [run_one(config) for config in todo]
-    return outcomes, skipped

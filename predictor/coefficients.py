@@ -25,6 +25,8 @@ Names and units (every coefficient is physical so a fitted table can be read):
 - ``decode_dequant_flops_per_byte``  operations per byte of quantized weights unpacked in a decode step, at the
                                  device's peak FLOPS (unified-memory GPUs: Apple's ALUs run near their bandwidth
                                  limit; the CPU: its measured FP32 rate)
+- ``decode_generic_flops_per_byte``  llama.cpp on a CPU: operations more per quantized byte on its generic dot
+                                 products (Q5_0, Q6_K, ...: neither repacked nor Q8_0), at the probed matmul rate
 - ``prefill_fixed_ms``           fixed time per prompt, ms
 - ``prefill_dequant_bytes_per_weight``  device-memory traffic per quantized weight per ubatch when an old llama.cpp
                                  CUDA build dequantizes the weights to an FP16 buffer for cuBLAS (read quantized,
@@ -33,9 +35,13 @@ Names and units (every coefficient is physical so a fitted table can be read):
                                  unpacking weight tiles in its matmul kernels (Metal), at peak FLOPS; fitted per
                                  device and family only
 - ``prefill_generic_flops_per_weight``  operations per weight and prompt token llama.cpp's generic CPU matmul path
-                                 (formats it does not repack into its GEMM layouts: Q8_0, F16, ...) spends beyond
-                                 the repacked kernels' rate, at the measured FP32 FLOPS; CPU only
-- ``prefill_compute_efficiency`` achieved / peak dense FP16 FLOPS for the weight matmuls, 0-1 (CPU: of measured FLOPS)
+                                 (quantized formats it does not repack into its GEMM layouts: Q5_0, Q6_K, ...)
+                                 spends beyond the repacked kernels' rate, at the probed matmul rate; CPU only
+- ``prefill_q8_flops_per_weight``  the same for Q8_0 weights, whose dot product unpacks no sub-block scales; CPU only
+- ``prefill_compute_efficiency`` achieved / peak dense FP16 FLOPS for the weight matmuls, 0-1 (CPU: of the probed
+                                 matmul rate, for the repacked and generic paths)
+- ``prefill_f16_efficiency``     llama.cpp on a CPU: achieved / probed matmul rate for F16/BF16/F32 weights
+                                 (llamafile's GEMM, the path the probe itself runs: near 1)
 - ``prefill_attn_efficiency``    achieved / peak FLOPS for attention (grows with n^2), 0-1 (flash attention, vLLM)
 - ``prefill_scores_efficiency``  achieved / peak bandwidth writing the f32 attention scores once, 0-1 (llama.cpp
                                  without flash attention: the scores go through memory several times)
@@ -66,11 +72,14 @@ COEFFICIENT_NAMES = (
     "decode_kv_efficiency",
     "decode_kv_reread",
     "decode_dequant_flops_per_byte",
+    "decode_generic_flops_per_byte",
     "prefill_fixed_ms",
     "prefill_dequant_bytes_per_weight",
     "prefill_unpack_flops_per_weight",
     "prefill_generic_flops_per_weight",
+    "prefill_q8_flops_per_weight",
     "prefill_compute_efficiency",
+    "prefill_f16_efficiency",
     "prefill_attn_efficiency",
     "prefill_scores_efficiency",
     "runtime_fixed_gib",
@@ -92,6 +101,8 @@ _GENERIC = "uncalibrated: every CPU matmul format taken at one compute efficienc
 _UNPACK = "not fitted engine-wide: prefill on a unified-memory GPU is taken as purely matmul bound unless its device or family was measured"
 _SCORES = ("uncalibrated: the f32 scores are written, read by the softmax, written and read again: four "
            "passes at peak bandwidth")
+_F16 = ("uncalibrated: the host matmul probe is llama.cpp's own F16 prefill (harness.hostbench), so F16 weights run "
+        "at its rate")
 _DESIGN = "uncalibrated: a CUDA context and allocator pools take about 100-600 MiB depending on the GPU"
 
 # Uncalibrated defaults. Each value says where it comes from; calibration replaces them.
@@ -103,11 +114,14 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "decode_kv_efficiency": (0.75, _KV),
         "decode_kv_reread": (1 / 0.75, _REREAD),
         "decode_dequant_flops_per_byte": (0.0, _DEQUANT),
+        "decode_generic_flops_per_byte": (0.0, _DEQUANT),
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_dequant_bytes_per_weight": (0.0, "uncalibrated: no dequantization traffic"),
         "prefill_unpack_flops_per_weight": (0.0, _UNPACK),
         "prefill_generic_flops_per_weight": (0.0, _GENERIC),
+        "prefill_q8_flops_per_weight": (0.0, _GENERIC),
         "prefill_compute_efficiency": (0.40, "uncalibrated: a typical share of dense tensor peak for quantized matmuls"),
+        "prefill_f16_efficiency": (1.0, _F16),
         "prefill_attn_efficiency": (0.40, "uncalibrated: same as the matmul efficiency"),
         "prefill_scores_efficiency": (0.25, _SCORES),
         "runtime_fixed_gib": (0.35, _DESIGN + "; midpoint"),
@@ -126,11 +140,14 @@ ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
         "decode_kv_efficiency": (0.75, _KV),
         "decode_kv_reread": (1 / 0.75, _REREAD),
         "decode_dequant_flops_per_byte": (0.0, _DEQUANT),
+        "decode_generic_flops_per_byte": (0.0, "not used by vLLM"),
         "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
         "prefill_dequant_bytes_per_weight": (0.0, "uncalibrated: no dequantization traffic"),
         "prefill_unpack_flops_per_weight": (0.0, _UNPACK),
         "prefill_generic_flops_per_weight": (0.0, _GENERIC),
+        "prefill_q8_flops_per_weight": (0.0, _GENERIC),
         "prefill_compute_efficiency": (0.50, "uncalibrated: a typical share of dense tensor peak for FP16 GEMMs"),
+        "prefill_f16_efficiency": (1.0, "not used by vLLM"),
         "prefill_attn_efficiency": (0.50, "uncalibrated: same as the matmul efficiency"),
         "prefill_scores_efficiency": (0.25, _SCORES),
         "runtime_fixed_gib": (0.50, _DESIGN + "; upper half (torch + CUDA context)"),
@@ -237,7 +254,34 @@ class Coefficients:
             unc.update(scope_unc)
             bands.update(scope_bands)
             origin.update({name: scope for name in fitted})
-        return CoefficientSet(engine, values, "calibrated", used[-1][0], self.source, unc, bands, origin)
+        # a device scope merged from the user's own table names that table as its source
+        entries = dict(scopes)
+        source = str((entries.get(used[-1][0]) or {}).get("source") or self.source)
+        return CoefficientSet(engine, values, "calibrated", used[-1][0], source, unc, bands, origin)
+
+    def host_figures(self, engine: str, device_id: str) -> dict[str, Any] | None:
+        """The probe figures a CPU host's coefficients were fitted against (``bandwidth_gbs``, ``matmul_gflops``),
+        or None when the table has no scope for that host."""
+        entry = (((self.table.get("engines") or {}).get(engine) or {}).get("devices") or {}).get(device_id) or {}
+        figures = entry.get("host_figures")
+        return dict(figures) if isinstance(figures, dict) and figures.get("bandwidth_gbs") else None
+
+    def has_device(self, engine: str, device_id: str) -> bool:
+        """True when the table has a device scope for ``device_id`` (the device was measured)."""
+        return bool((((self.table.get("engines") or {}).get(engine) or {}).get("devices") or {}).get(device_id))
+
+    def with_devices_from(self, other: Coefficients) -> Coefficients:
+        """This table with the device scopes of ``other`` (a user's fit) replacing its own; the families and
+        engine scopes stay this table's. Each merged scope carries ``other``'s source."""
+        if not other.table:
+            return self
+        table = json.loads(json.dumps(self.table)) if self.table else {"schema_version": 1, "engines": {}}
+        for engine, eng in (other.table.get("engines") or {}).items():
+            mine = table.setdefault("engines", {}).setdefault(engine, {"default": {}, "families": {}, "devices": {}})
+            for device_id, entry in (eng.get("devices") or {}).items():
+                mine.setdefault("devices", {})[device_id] = {**entry, "source": entry.get("source") or other.source}
+        merged_from = [p for p in (self.path, other.path) if p]
+        return Coefficients(table, " + ".join(merged_from) or None)
 
 
 def load_coefficients(path: str | Path | None) -> Coefficients:
@@ -257,6 +301,16 @@ def load_coefficients(path: str | Path | None) -> Coefficients:
 
 
 def default_coefficients_path() -> Path | None:
-    """The committed calibration table (calibration/coefficients.json), if present beside the packages."""
+    """The shipped calibration table (calibration/coefficients.json), if present beside the packages."""
     candidate = Path(__file__).resolve().parent.parent / "calibration" / "coefficients.json"
     return candidate if candidate.is_file() else None
+
+
+def default_coefficients() -> Coefficients:
+    """What ``predict`` uses by default: the shipped table, with the device scopes of the user's own fit
+    (``$BENCHCAL_HOME/calibration/coefficients.json``, :mod:`predictor.userdata`) replacing its own."""
+    from predictor.userdata import user_coefficients_path
+
+    shipped = load_coefficients(default_coefficients_path())
+    user_path = user_coefficients_path()
+    return shipped.with_devices_from(load_coefficients(user_path)) if user_path else shipped

@@ -208,19 +208,24 @@ def resolve_device(spec: str) -> Device:
     return device
 
 
-def cpu_device(bandwidth_gbs: float, tflops: float, memory_gib: float, name: str = "host CPU") -> Device:
-    """The host CPU as a device: bandwidth in GB/s, dense FP16-equivalent TFLOPS, memory in GiB.
+def cpu_device(bandwidth_gbs: float, tflops: float | None, memory_gib: float, name: str = "host CPU",
+               device_id: str = "cpu") -> Device:
+    """The host CPU as a device: bandwidth in GB/s, its matmul rate in TFLOPS, memory in GiB.
 
-    The figures come from the caller (measured by the harness or passed as flags), so the device
-    has no sources.
+    The figures come from the caller (measured on the host by the harness's probes, or passed as flags), so
+    the device has no sources. ``tflops`` is None where no rate is known (then no prefill is predicted).
+    ``device_id`` is the host's calibration identity (``cpu-<model>-<isa>-<cores>c``, from
+    ``harness.hostinfo``): coefficients are looked up per host, then for the CPU family ``dram/cpu``.
     """
     positive("CPU memory bandwidth (GB/s)", bandwidth_gbs)
-    positive("CPU TFLOPS", tflops)
+    if tflops is not None:
+        positive("CPU TFLOPS", tflops)
     positive("CPU memory (GiB)", memory_gib)
     return Device(
-        id="cpu", name=name, vendor="cpu", kind="cpu", memory_gib=float(memory_gib),
+        id=device_id or "cpu", name=name, vendor="cpu", kind="cpu", memory_gib=float(memory_gib),
         memory_label_gb=float(memory_gib), usable_gib=None, bandwidth_gbs=float(bandwidth_gbs),
-        fp16_tflops=float(tflops), memory_type="dram", architecture="cpu", form_factor="host",
-        tdp_w=None, price_usd=None, cloud_usd_per_hour=None, engines=ENGINES, aliases=(),
-        sources={}, notes={"spec": "figures measured on the host or given by the user"},
+        fp16_tflops=None if tflops is None else float(tflops), memory_type="dram", architecture="cpu",
+        form_factor="host", tdp_w=None, price_usd=None, cloud_usd_per_hour=None, engines=ENGINES, aliases=(),
+        sources={}, notes={"spec": "figures measured on the host or given by the user",
+                           **({} if tflops is not None else {"fp16_tflops": "no matmul rate measured on this host"})},
     )

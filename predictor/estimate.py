@@ -19,7 +19,7 @@ from predictor.architecture import ModelArch
 from predictor.coefficients import (
     Coefficients,
     CoefficientSet,
-    default_coefficients_path,
+    default_coefficients,
     load_coefficients,
 )
 from predictor.devices import Device, resolve_device
@@ -28,6 +28,7 @@ from predictor.models import resolve_model
 from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype, resolve_quant
 from predictor.weights import (
     WEIGHTS_FROM_FILE,
+    cpu_kernel_mix,
     format_bits,
     known_weights_bytes,
     require_bits,
@@ -70,7 +71,11 @@ def evaluate(
     host_bandwidth_gbs=DEFAULT_HOST_BANDWIDTH_GBS,
     host_memory_gib=DEFAULT_HOST_MEMORY_GIB,
     enforce_eager=False,
-    cpu_repack=False,
+    cpu_repack=0.0,
+    cpu_repack_weights=None,
+    cpu_float_weights=0.0,
+    cpu_q8_weights=0.0,
+    cpu_generic_bytes=0.0,
     cublas_dequant=False,
     with_max_context: bool = True,
 ) -> dict[str, np.ndarray]:
@@ -79,7 +84,13 @@ def evaluate(
     ``kind`` is the device kind ("gpu", "unified", "cpu"); ``offload_fraction`` is the share of the
     repeating layers kept in host memory (llama.cpp layers; vLLM cpu_offload_gb). ``enforce_eager``
     (vLLM) drops the CUDA-graph pool; there are no CUDA graphs on a CPU device either.
-    ``cpu_repack`` (per quant) adds llama.cpp's repacked copy of the layer matrices on a CPU device.
+    On a CPU device, llama.cpp multiplies its layer matrices on three paths (``predictor.weights.cpu_kernel_mix``,
+    per quant): ``cpu_repack`` is the share of their bytes it repacks (an extra copy in memory), and
+    ``cpu_repack_weights`` (default: the same share) of their weights; ``cpu_float_weights`` the share in
+    F16/BF16/F32 (llamafile's GEMM, at ``prefill_f16_efficiency``), ``cpu_q8_weights`` in Q8_0 (its generic dot
+    product, ``prefill_q8_flops_per_weight``); the rest take the generic quantized path
+    (``prefill_generic_flops_per_weight``), and their share of the bytes, ``cpu_generic_bytes``, unpacks at
+    ``decode_generic_flops_per_byte`` more per byte in decode.
     ``cublas_dequant``: the run's llama.cpp CUDA build dequantized quantized weights to FP16 for cuBLAS in
     prefill (its log says ``CUDA_USE_TENSOR_CORES: yes``; builds before PR #8075, June 2024). Calibration sets
     it from imported logs; predictions describe current builds and leave it False.
@@ -104,7 +115,8 @@ def evaluate(
     out_on_device = frac == 0.0
     dev_w = (1.0 - frac) * layer_w + np.where(out_on_device, out_w, 0.0) + np.where(on_gpu, 0.0, host_embd)
     host_w = total_w - dev_w
-    repack = mem.cpu_repack_bytes(layer_w, np.logical_and(cpu_repack, kind == "cpu")) if engine == "llama.cpp" else 0.0
+    repack_share = np.asarray(cpu_repack, float)
+    repack = mem.cpu_repack_bytes(layer_w, np.where(kind == "cpu", repack_share, 0.0)) if engine == "llama.cpp" else 0.0
     resident_w = dev_w + repack
     kv_total = mem.kv_cache_bytes(arch, context, batch, kv_bytes_per_element, engine)
     kv_host_share = frac if engine == "llama.cpp" else 0.0  # llama.cpp keeps KV with its layer
@@ -155,8 +167,12 @@ def evaluate(
         device_count=n_dev,
         tensor_parallel=tensor_parallel,
         dequant_bytes=dequant_b,
+        generic_dequant_bytes=np.where((kind == "cpu") & (engine == "llama.cpp"),
+                                       (1.0 - frac) * (step_w - out_w) * np.asarray(cpu_generic_bytes, float), 0.0),
         tflops=tflops,
     )
+    cpu_llama = (kind == "cpu") & (engine == "llama.cpp")
+    layer_params = arch.params_active - tp.lm_head_params(arch)
     prefill_s = tp.prefill_seconds(
         arch,
         coeffs,
@@ -172,11 +188,14 @@ def evaluate(
         dequant_weights=np.where(quantized & on_gpu & np.asarray(cublas_dequant, bool),
                                  (1.0 - frac) * (arch.params_total - arch.params_non_layer), 0.0),
         unpack_weights=unpack_w,
-        # On the CPU, llama.cpp repacks Q4_0 / Q4_K / IQ4_NL into interleaved GEMM layouts; the other formats
-        # (Q8_0, F16) take its generic path: on this machine's CPU, prefill reaches 0.56 of the measured FP32
-        # rate with Q4_0 and 0.40-0.41 with Q8_0 and F16.
-        generic_weights=np.where((kind == "cpu") & ~np.asarray(cpu_repack, bool) & (engine == "llama.cpp"),
-                                 arch.params_active - tp.lm_head_params(arch), 0.0),
+        # On the CPU, llama.cpp repacks Q4_0 / Q4_K / IQ4_NL tensors into interleaved GEMM layouts, multiplies
+        # F16/BF16 ones with llamafile's GEMM and the other formats (Q8_0, Q5_0, Q6_K, ...) on its generic path:
+        # three rates, whose order differs between CPUs (AVX2 Zen 3: F16 fastest; AVX-512 Zen 4: Q4_0).
+        generic_weights=np.where(cpu_llama, layer_params * np.maximum(0.0, (
+            1.0 - np.asarray(repack_share if cpu_repack_weights is None else cpu_repack_weights, float)
+            - np.asarray(cpu_float_weights, float) - np.asarray(cpu_q8_weights, float))), 0.0),
+        q8_weights=np.where(cpu_llama, layer_params * np.asarray(cpu_q8_weights, float), 0.0),
+        float_share=np.where(cpu_llama, np.asarray(cpu_float_weights, float), 0.0),
     )
     result = {
         "weights_bytes": resident_w + np.zeros_like(dev_w),
@@ -334,12 +353,31 @@ class Estimate:
             },
             "calibration": {
                 "status": c.status, "scope": c.scope, "source": c.source,
-                "error_band": dict(c.error_band),
+                "error_band": dict(c.error_band), "note": host_calibration_note(self.device.kind, self.device.id, c.scope),
                 "coefficients": {k: c.values[k] for k in sorted(c.values)},
                 "coefficient_sources": {k: c.source_of(k) for k in sorted(c.values)},
             },
             "launch": dict(self.launch),
         }
+
+
+def cpu_kernel_kwargs(arch: ModelArch, quant_id: str) -> dict[str, float]:
+    """``evaluate``'s CPU kernel-mix arguments for a model in a format (``predictor.weights.cpu_kernel_mix``)."""
+    mix = cpu_kernel_mix(arch, quant_id)
+    return {"cpu_repack": mix.repacked_bytes, "cpu_repack_weights": mix.repacked_weights,
+            "cpu_float_weights": mix.float_weights, "cpu_q8_weights": mix.q8_weights,
+            "cpu_generic_bytes": mix.generic_bytes}
+
+
+HOST_UNCALIBRATED = "uncalibrated on this host; `make bench` calibrates it in ~3 minutes"
+
+
+def host_calibration_note(kind: str, device_id: str, scope: str) -> str | None:
+    """For a CPU no run describes: says its coefficients are a prior from other hosts, and how to fit its own."""
+    if kind != "cpu" or scope == f"device:{device_id}":
+        return None
+    prior = "engine defaults" if scope == "engine" else f"prior from {scope}"
+    return f"{device_id}: {HOST_UNCALIBRATED} ({prior})"
 
 
 def _r(x, nd: int = 3) -> float | None:
@@ -418,7 +456,7 @@ def predict(
     if isinstance(coefficients, Coefficients):
         table = coefficients
     elif coefficients == "default":
-        table = load_coefficients(default_coefficients_path())
+        table = default_coefficients()
     else:
         table = load_coefficients(coefficients)
     cset = table.lookup(eng, dev.id, dev.family)
@@ -438,7 +476,7 @@ def predict(
         host_bandwidth_gbs=host_bw,
         host_memory_gib=host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
         enforce_eager=enforce_eager,
-        cpu_repack=q.id in mem.CPU_REPACKED_QUANTS,
+        **cpu_kernel_kwargs(arch, q.id),
     )
     scalars = {k: float(np.asarray(val).reshape(-1)[0]) for k, val in values.items()}
     throughput_offload = float(offload_fraction)
@@ -453,7 +491,7 @@ def predict(
                          prompt_tokens=prompt_tokens, device_count=device_count,
                          offload_fraction=throughput_offload, flash_attn=flash_attn, n_ubatch=n_ubatch,
                          host_bandwidth_gbs=host_bw, host_memory_gib=host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
-                         enforce_eager=enforce_eager, with_max_context=False)
+                         enforce_eager=enforce_eager, with_max_context=False, **cpu_kernel_kwargs(arch, q.id))
         for key in ("decode_step_s", "decode_tok_s", "decode_tok_s_total", "prefill_s", "prefill_tok_s", "ttft_s"):
             scalars[key] = float(np.asarray(rerun[key]).reshape(-1)[0])
         scalars["recommended_offload_bytes"] = float(np.asarray(rerun["offload_bytes"]).reshape(-1)[0])

@@ -13,8 +13,13 @@ import numpy as np
 from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, Coefficients
 from predictor.devices import Device
-from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_PROMPT_TOKENS, device_kwargs, evaluate
-from predictor.memory import CPU_REPACKED_QUANTS
+from predictor.estimate import (
+    DEFAULT_HOST_BANDWIDTH_GBS,
+    DEFAULT_PROMPT_TOKENS,
+    cpu_kernel_kwargs,
+    device_kwargs,
+    evaluate,
+)
 from predictor.quants import QuantFormat
 from predictor.weights import format_bits, known_weights_bytes
 
@@ -62,7 +67,8 @@ def sweep(
         bpw_ne = np.array([expert if other is None else other for expert, other in bits])[q]
     known = [known_weights_bytes(arch, qf, engine)[0] for qf in quants]
     exact_weights_bytes = np.array([np.nan if b is None else b for b in known])[q]
-    repack = np.array([qf.id in CPU_REPACKED_QUANTS for qf in quants])[q]
+    mixes = [cpu_kernel_kwargs(arch, qf.id) for qf in quants]
+    kernel = {key: np.array([mix[key] for mix in mixes])[q] for key in mixes[0]}
     ctx = np.array(contexts, dtype=float)[None, None, :, None]
     bat = np.array(batches, dtype=float)[None, None, None, :]
     out = evaluate(
@@ -71,7 +77,7 @@ def sweep(
         kv_bytes_per_element=kv_bytes_per_element, context=ctx, batch=bat,
         prompt_tokens=np.minimum(prompt_tokens, ctx), device_count=device_count,
         flash_attn=flash_attn, n_ubatch=n_ubatch, host_bandwidth_gbs=host_bandwidth_gbs,
-        cpu_repack=repack, with_max_context=with_max_context,
+        with_max_context=with_max_context, **kernel,
     )
     shape = (D, len(quants), len(contexts), len(batches))
     return {k: np.broadcast_to(v, shape) for k, v in out.items()}

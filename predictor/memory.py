@@ -35,9 +35,10 @@ def weights_bytes(arch: ModelArch, bits_per_weight, bits_per_weight_non_expert=N
 CPU_REPACKED_QUANTS = frozenset({"Q4_0", "Q4_K_M", "Q4_K_S", "IQ4_NL"})
 
 
-def cpu_repack_bytes(layer_weights_bytes, repacked):
-    """Extra host bytes for llama.cpp's repacked copy of the layer matrices (``repacked``: bool/array)."""
-    return np.where(np.asarray(repacked, bool), layer_weights_bytes, 0.0)
+def cpu_repack_bytes(layer_weights_bytes, repacked_share):
+    """Extra host bytes for llama.cpp's repacked copy of the layer matrices: ``repacked_share`` (0-1, array) of
+    their bytes (the tensors of the types it repacks, ``predictor.weights.cpu_kernel_mix``)."""
+    return np.asarray(layer_weights_bytes, float) * np.clip(np.asarray(repacked_share, float), 0.0, 1.0)
 
 
 def bytes_per_param(arch: ModelArch, total_weights_bytes, bits_per_weight=None, bits_per_weight_non_expert=None):

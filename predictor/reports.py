@@ -108,12 +108,14 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     rep.add("Calibration", "kv", [
         ["Status", cal["status"], ""],
         ["Scope", cal["scope"], ""],
+        *([["Host", cal["note"], ""]] if cal.get("note") else []),
         ["Error band", ", ".join(f"{k} ±{v * 100:.0f}%" for k, v in band.items()) or "— (uncalibrated)", ""],
         *[[k, f"{v:g}", cal["coefficient_sources"][k]] for k, v in cal["coefficients"].items()
           if (est.engine == "vllm" or not k.startswith("vllm_"))
           and (k != "decode_dequant_flops_per_byte" or est.device.kind in ("unified", "cpu"))  # where they act
           and (k != "prefill_unpack_flops_per_weight" or est.device.kind == "unified")
-          and (k != "prefill_generic_flops_per_weight" or est.device.kind == "cpu")
+          and (k not in ("prefill_generic_flops_per_weight", "prefill_q8_flops_per_weight", "prefill_f16_efficiency",
+                         "decode_generic_flops_per_byte") or est.device.kind == "cpu")
           and k != "prefill_dequant_bytes_per_weight"],  # old CUDA builds only: never in a prediction
     ], ["Coefficient", "Value", "Source"])
     # Context scaling.

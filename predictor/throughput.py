@@ -80,6 +80,7 @@ def decode_step_seconds(
     dequant_bytes=0.0,
     tflops=None,
     kv_reread_bytes=0.0,
+    generic_dequant_bytes=0.0,
 ):
     """Time of one decode step (one token for each sequence of the batch), seconds.
 
@@ -88,7 +89,9 @@ def decode_step_seconds(
     the same rows by the other query heads of each group (llama.cpp without flash attention), each costing
     ``decode_kv_reread`` bytes at peak bandwidth; ``dequant_bytes``: quantized bytes
     the device unpacks in the step, each costing ``decode_dequant_flops_per_byte`` operations at the
-    device's peak ``tflops`` (no term where ``tflops`` is unknown). Tensor parallelism divides the
+    device's peak ``tflops`` (no term where ``tflops`` is unknown); ``generic_dequant_bytes``: the part of them on
+    llama.cpp's generic CPU dot products (quantized types it neither repacks nor are Q8_0: Q5_0, Q6_K, ...), each
+    costing ``decode_generic_flops_per_byte`` operations more. Tensor parallelism divides the
     device bytes over ``device_count`` devices; layer split (llama.cpp) does not.
     """
     n = np.asarray(device_count, float)
@@ -108,9 +111,9 @@ def decode_step_seconds(
     if tflops is not None:
         peak = np.asarray(tflops, float) * TFLOP
         with np.errstate(invalid="ignore", divide="ignore"):
-            t_dequant = np.where(np.isfinite(peak) & (peak > 0),
-                                 np.asarray(dequant_bytes, float) / split * coeffs["decode_dequant_flops_per_byte"]
-                                 / np.where(peak > 0, peak, 1.0), 0.0)
+            work = (np.asarray(dequant_bytes, float) * coeffs["decode_dequant_flops_per_byte"]
+                    + np.asarray(generic_dequant_bytes, float) * coeffs["decode_generic_flops_per_byte"])
+            t_dequant = np.where(np.isfinite(peak) & (peak > 0), work / split / np.where(peak > 0, peak, 1.0), 0.0)
     return t_fixed + t_device + t_host + t_comm + t_dequant
 
 
@@ -157,6 +160,8 @@ def prefill_seconds(
     dequant_weights=0.0,
     unpack_weights=0.0,
     generic_weights=0.0,
+    float_share=0.0,
+    q8_weights=0.0,
 ):
     """Time to process a prompt of ``prompt_tokens`` tokens, seconds.
 
@@ -169,8 +174,11 @@ def prefill_seconds(
     ``unpack_weights``: quantized weights a unified-memory GPU unpacks for every prompt token (Metal's matmul
     kernels dequantize weight tiles per block of tokens), ``prefill_unpack_flops_per_weight`` operations each at
     the device's peak FLOPS. ``generic_weights``: layer weights llama.cpp's CPU backend multiplies on its generic
-    path (formats it does not repack), ``prefill_generic_flops_per_weight`` operations each per token beyond
-    the matmul efficiency (that of the repacked GEMM kernels).
+    path (quantized formats it does not repack), ``prefill_generic_flops_per_weight`` operations each per token
+    beyond the matmul efficiency (that of the repacked GEMM kernels). ``float_share``: the share of the matmul
+    FLOPs llama.cpp's CPU backend runs on F16/BF16/F32 weights (llamafile's GEMM), at
+    ``prefill_f16_efficiency`` instead of ``prefill_compute_efficiency``. ``q8_weights``: layer weights in Q8_0
+    on that generic path, ``prefill_q8_flops_per_weight`` operations each per token (its simplest dot product).
     """
     n = np.maximum(np.asarray(prompt_tokens, float), 1.0)
     ub = np.maximum(np.asarray(n_ubatch, float), 1.0)
@@ -179,7 +187,11 @@ def prefill_seconds(
     peak = np.asarray(tflops, float) * TFLOP * split
     bw = np.asarray(bandwidth_gbs, float) * GB
     t_bw = n_ub * np.asarray(device_weight_bytes, float) / split / (coeffs["decode_bw_efficiency"] * bw)
-    t_mm = prefill_matmul_flops(arch, n) / (coeffs["prefill_compute_efficiency"] * peak)
+    mm_flops = prefill_matmul_flops(arch, n)
+    floats = np.asarray(float_share, float)
+    t_mm = mm_flops * (1.0 - floats) / (coeffs["prefill_compute_efficiency"] * peak)
+    if np.any(floats > 0):
+        t_mm = t_mm + mm_flops * floats / (coeffs["prefill_f16_efficiency"] * peak)
     attn_flops = prefill_attention_flops(arch, n)
     # Without flash attention, llama.cpp writes the f32 scores to memory and reads them back for the
     # softmax and for V: that traffic, not the FLOPs, sets the pace. One score (4 bytes) per head and
@@ -196,4 +208,6 @@ def prefill_seconds(
     t_up = n * unpack * coeffs["prefill_unpack_flops_per_weight"] / peak if np.any(unpack > 0) else 0.0
     generic = np.asarray(generic_weights, float)
     t_gen = n * generic * coeffs["prefill_generic_flops_per_weight"] / peak if np.any(generic > 0) else 0.0
-    return coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie + t_dq + t_up + t_gen
+    q8 = np.asarray(q8_weights, float)
+    t_q8 = n * q8 * coeffs["prefill_q8_flops_per_weight"] / peak if np.any(q8 > 0) else 0.0
+    return coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie + t_dq + t_up + t_gen + t_q8

@@ -7,10 +7,13 @@ experts kept beside 16-bit other weights; else the format's average width (``pre
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import lru_cache
+
 from predictor import memory as mem
 from predictor.architecture import ModelArch
 from predictor.errors import BenchcalError
-from predictor.gguf_layout import planned_weights_bytes
+from predictor.gguf_layout import layout_spec, planned_weights_bytes, tensor_plan
 from predictor.quants import QuantFormat, resolve_quant
 
 WEIGHTS_FROM_FILE = "GGUF file"
@@ -66,3 +69,61 @@ def require_bits(quant: QuantFormat, exact_weights_bytes: float | None) -> None:
     """A per-model mix (UD-Q2_K_XL) has no fixed bits per weight: only a GGUF file can size it."""
     if quant.bits_per_weight is None and exact_weights_bytes is None:
         raise BenchcalError(f"{quant.id} is a per-model mix with no fixed bits per weight: pass its GGUF file as --model")
+
+
+# llama.cpp's CPU backend repacks these tensor types into interleaved layouts for its GEMM kernels (x86 AVX2 /
+# AVX-512, Arm): the CPU_REPACK buffer of a run holds exactly the layer matrices of these types (Qwen2.5-0.5B
+# Q4_K_M: its 12 Q4_K tensors, 28.05 MiB, as the run's log says; Q4_0: all 168, 191.95 MiB).
+CPU_REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
+# Multiplied by llamafile's tinyBLAS GEMM (F16/BF16/F32 weights), the path the host matmul probe measures.
+CPU_FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
+# Q8_0's dot product, the simplest of the generic path's (no sub-block scales or high bits to unpack).
+CPU_Q8_TYPES = frozenset({"Q8_0"})
+
+
+@dataclass(frozen=True)
+class CpuKernelMix:
+    """How llama.cpp's CPU backend multiplies a model's layer matrices: shares of their bytes and weights that
+    it repacks (``repacked_*``), that go through its float GEMM (``float_weights``), that are Q8_0
+    (``q8_weights``); the rest take its generic quantized dot products (Q5_0, Q6_K, ...)."""
+
+    repacked_bytes: float
+    repacked_weights: float
+    float_weights: float
+    q8_weights: float = 0.0
+    generic_bytes: float = 0.0  # share of the bytes on the generic dot products (neither repacked, float nor Q8_0)
+
+    @property
+    def generic_weights(self) -> float:
+        return max(0.0, 1.0 - self.repacked_weights - self.float_weights - self.q8_weights)
+
+
+@lru_cache(maxsize=256)
+def cpu_kernel_mix(arch: ModelArch, quant_id: str) -> CpuKernelMix:
+    """The CPU kernel mix of ``arch`` in ``quant_id``: from the tensor types llama-quantize gives each layer
+    matrix where the layout is planned (``predictor.gguf_layout``), else from the format as a whole."""
+    spec = layout_spec(arch)
+    plan = None
+    if spec is not None:
+        try:
+            plan = tensor_plan(spec, quant_id)
+        except BenchcalError:
+            plan = None
+    if plan is None:
+        repacked = quant_id in mem.CPU_REPACKED_QUANTS
+        floating = quant_id in _UNQUANTIZED
+        q8 = quant_id in CPU_Q8_TYPES
+        generic = float(not (repacked or floating or q8))
+        return CpuKernelMix(float(repacked), float(repacked), float(floating), float(q8), generic)
+    # the layer matrices (norms and biases are vectors; a MoE router is a small F32 matrix llama-quantize keeps)
+    layers = [t for t in plan if t.name.startswith("blk.") and len(t.shape) >= 2 and "ffn_gate_inp" not in t.name]
+    total_bytes = sum(t.nbytes for t in layers) or 1
+    total_values = sum(t.n_values for t in layers) or 1
+    repacked = [t for t in layers if t.ggml_type in CPU_REPACKED_TYPES]
+    floating = [t for t in layers if t.ggml_type in CPU_FLOAT_TYPES]
+    q8 = [t for t in layers if t.ggml_type in CPU_Q8_TYPES]
+    special = CPU_REPACKED_TYPES | CPU_FLOAT_TYPES | CPU_Q8_TYPES
+    generic = [t for t in layers if t.ggml_type not in special]
+    return CpuKernelMix(sum(t.nbytes for t in repacked) / total_bytes, sum(t.n_values for t in repacked) / total_values,
+                        sum(t.n_values for t in floating) / total_values, sum(t.n_values for t in q8) / total_values,
+                        sum(t.nbytes for t in generic) / total_bytes)

@@ -50,7 +50,7 @@ def test_shrunk_architecture_is_rebuilt_from_the_record(tmp_path):
     overrides = {"num_layers": 4, "vocab_size": 1024}
     config = {"model": "qwen2.5-0.5b", "quant": "Q8_0", "device": "cpu", "context": 512, "arch_overrides": overrides,
               "prompt_tokens": [64], "notes": "SYNTHETIC TEST FIXTURE"}
-    record = records.new_record(config, provenance={"host_bandwidth_gbs": 20.0, "host_fp32_gflops": 100.0,
+    record = records.new_record(config, provenance={"host_bandwidth_gbs": 20.0, "host_matmul_gflops": 100.0,
                                                     "synthetic_fixture": True})
     records.write_record(record, tmp_path)
     runs = load_observations(tmp_path).runs

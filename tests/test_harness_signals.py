@@ -54,7 +54,9 @@ def engine_child(parent: subprocess.Popen, cache: Path, timeout_s: float = 60.0)
         children = [p for p in psutil.Process(parent.pid).children(recursive=True)
                     if "harness.engines.runner" in _cmdline(p)]
         logs = sorted((cache / "logs").glob("*.log"), key=lambda p: p.stat().st_mtime)
-        if children and logs and "compute buffer size" in logs[-1].read_text(errors="replace"):
+        # the run's engine, not the host probe's (an F16 model) that may come first in a fresh cache
+        text = logs[-1].read_text(errors="replace") if logs else ""
+        if children and "compute buffer size" in text and "file type   = Q4_0" in text:
             time.sleep(1.0)  # some repetitions done
             return children[0]
         time.sleep(0.1)

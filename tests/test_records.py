@@ -123,7 +123,17 @@ def test_runs_dir_precedence(monkeypatch, tmp_path):
     assert records.runs_dir(str(tmp_path / "flag")) == tmp_path / "flag"
     assert records.runs_dir() == tmp_path / "env"
     monkeypatch.delenv("BENCHCAL_RUNS")
-    assert records.runs_dir() == Path("runs")
+    monkeypatch.setenv("BENCHCAL_HOME", str(tmp_path / "home"))
+    assert records.runs_dir() == tmp_path / "home" / "runs"
+
+
+def test_default_runs_dir_is_never_the_shipped_dataset(monkeypatch):
+    from predictor.userdata import is_shipped, shipped_runs_dir
+
+    monkeypatch.delenv("BENCHCAL_RUNS", raising=False)
+    monkeypatch.delenv("BENCHCAL_HOME", raising=False)
+    assert not is_shipped(records.runs_dir())
+    assert is_shipped(shipped_runs_dir() / "llama.cpp")
 
 
 def test_load_runs_flat_columns(tmp_path):

@@ -19,7 +19,8 @@ from predictor.errors import BenchcalError
 SHRUNK = {"num_layers": 2, "vocab_size": 4096}
 BASE = {"model": "qwen2.5-0.5b", "engine": "vllm", "device": "cpu", "quant": "BF16", "context": 512,
         "prompt_tokens": [32, 64], "gen_tokens": 16, "reps": 3, "kv_dtype": "f16", "arch_overrides": SHRUNK}
-HOST = {"bandwidth_gbs": 30.0, "memory_gib": 16.0, "fp32_gflops": 200.0, "cores": 2, "cpu_model": "test cpu"}
+HOST = {"bandwidth_gbs": 30.0, "memory_gib": 16.0, "matmul_gflops": 200.0, "cores": 2, "cpu_model": "test cpu",
+        "host_id": "cpu-test-avx2-2c"}
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ GIB = 2**30
 
 BENCH_EPILOG = """\
 examples:
+  benchcal bench                              # calibrate this machine if no run describes it, else check it
   benchcal bench --gpu cpu --model smollm2-135m --quant Q8_0 --ctx 2048 --prompt 64,256 --gen 32
   benchcal bench --gpu auto --model llama-3.1-8b --quant Q4_K_M --ctx 8192 --prompt 512,2048
   benchcal bench --gpu l4 --model qwen2.5-7b --weights ./qwen2.5-7b-instruct-q4_k_m.gguf
@@ -24,9 +25,13 @@ examples:
 
 Weights are synthetic by default: a GGUF with the model's real tensor shapes and random values, built
 once and cached under ~/.cache/benchcal (BENCHCAL_CACHE). Speed and memory do not depend on the values.
-Every run is stored as one JSON record under the runs directory (--runs-dir, BENCHCAL_RUNS, ./runs),
-failed ones too (status oom, crash, timeout, interrupted). Exit status: 0 when every run is ok, 1 when
-some run failed, 2 on bad input.
+Without --model and --sweep, bench calibrates a device no run describes (CPU hosts by model, ISA and
+cores): it measures harness/sweeps/host-calibration.toml (about 3 minutes on 2 cores), fits it over the
+shipped table into $BENCHCAL_HOME/calibration and prints measured vs predicted before and after, and
+predictions for configurations it did not measure; on a calibrated device it measures the smoke sweep.
+Every run is stored as one JSON record under your runs directory (--runs-dir, BENCHCAL_RUNS, else
+$BENCHCAL_HOME/runs: never the shipped runs/), failed ones too (status oom, crash, timeout, interrupted).
+Exit status: 0 when every run is ok, 1 when some run failed, 2 on bad input.
 """
 
 RUNS_EPILOG = """\
@@ -69,14 +74,16 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--sweep", default=None, help="a sweep TOML file, or the name of a shipped sweep")
     bench.add_argument("--no-resume", action="store_true", help="with --sweep: re-measure configs already stored")
     bench.add_argument("--timeout", type=float, default=None, help="seconds per run before it is killed (default 900)")
-    bench.add_argument("--runs-dir", default=None, help="where records go (default: $BENCHCAL_RUNS or ./runs)")
+    bench.add_argument("--runs-dir", default=None, help="where records go (default: $BENCHCAL_RUNS, else "
+                       "$BENCHCAL_HOME/runs)")
     bench.set_defaults(func=cmd_bench)
 
     runs = subparsers.add_parser("runs", help="list stored run records", description="List stored run records "
                                  "as a table, JSON or CSV (one row per run, flat columns).",
                                  epilog=RUNS_EPILOG, formatter_class=RAW)
     runs.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format")
-    runs.add_argument("--runs-dir", default=None, help="records directory (default: $BENCHCAL_RUNS or ./runs)")
+    runs.add_argument("--runs-dir", default=None, help="records directory (default: $BENCHCAL_RUNS, else "
+                      "$BENCHCAL_HOME/runs)")
     runs.add_argument("--model", default=None, help="only this model")
     runs.add_argument("--engine", default=None, help="only this engine")
     runs.add_argument("--device", default=None, help="only this device")
@@ -207,23 +214,44 @@ class _Progress:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from harness.protocol import Interrupted, prepare_config, run_config
+    from harness.protocol import prepare_config
 
     root = records.runs_dir(args.runs_dir)
     device = resolve_bench_device(args.gpu)
+    if not args.sweep and not args.model and args.weights == "synthetic":
+        from benchcal.commands.host_calibration import run_default
+
+        return run_default(args, root, device, lambda configs, timeout: _measure(configs, root, timeout))
     if args.sweep:
         from harness.sweep import load_sweep, pending
 
         sweep = load_sweep(args.sweep)
         configs = [prepare_config(_sweep_config(c, args, device)) for c in sweep.configs]
-        todo, skipped = pending(configs, root) if not args.no_resume else (configs, [])
+        host_id = _host_id() if device == "cpu" else None
+        todo, skipped = pending(configs, root, host_id) if not args.no_resume else (configs, [])
         timeout = args.timeout or sweep.timeout_s
         print(f"sweep {sweep.name}: {len(todo)} to run, {len(skipped)} already measured", file=sys.stderr)
     else:
         todo, timeout = [config_from_args(args, device)], args.timeout
+    outcomes = _measure(todo, root, timeout)
+    if outcomes:
+        print(render_comparison([o.record for o in outcomes], [str(o.path) for o in outcomes]))
+    return 0 if all(o.record["status"] == "ok" for o in outcomes) else 1
+
+
+def _host_id() -> str:
+    from harness.hostinfo import host_identity
+
+    return host_identity()["host_id"]
+
+
+def _measure(configs: list[dict[str, Any]], root: Path, timeout: float | None) -> list[Any]:
+    """Run each config through the harness with a progress bar; the stored outcomes."""
+    from harness.protocol import Interrupted, prepare_config, run_config
+
     outcomes = []
     with _Progress() as progress:
-        for config in todo:
+        for config in configs:
             progress.start(prepare_config(config))
             try:
                 outcomes.append(run_config(config, root, timeout_s=timeout, on_event=progress.on_event,
@@ -231,9 +259,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             except Interrupted as stop:
                 progress.say(f"interrupted; record written to {stop.path}")
                 raise
-    if outcomes:
-        print(render_comparison([o.record for o in outcomes], [str(o.path) for o in outcomes]))
-    return 0 if all(o.record["status"] == "ok" for o in outcomes) else 1
+    return outcomes
 
 
 def _sweep_config(config: dict[str, Any], args: argparse.Namespace, device: str) -> dict[str, Any]:

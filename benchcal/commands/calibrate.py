@@ -14,16 +14,17 @@ RAW = argparse.RawDescriptionHelpFormatter
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "calibration"
 
 
-def _runs_dirs(args) -> list[str]:
+def _runs_dirs(args, default: str | None = None) -> list[str]:
+    """The runs directories named, else ``default``, else the user's (``$BENCHCAL_HOME/runs``)."""
     from harness.records import runs_dir
 
-    return [str(d) for d in (args.runs_dir or [runs_dir(None)])]
+    return [str(d) for d in (args.runs_dir or [default or runs_dir(None)])]
 
 
-def _dataset(args):
+def _dataset(args, default_runs: str | None = None):
     from calibration.dataset import load_dataset
 
-    dirs = _runs_dirs(args)
+    dirs = _runs_dirs(args, default_runs)
     dataset = load_dataset(dirs)
     if len(dataset.observations.runs) == 0:
         raise BenchcalError(f"no run records under {', '.join(dirs)} (measure with `benchcal bench` or "
@@ -31,12 +32,34 @@ def _dataset(args):
     return dataset, dirs
 
 
-def _table(path: str | None):
-    from predictor.coefficients import Coefficients, default_coefficients_path, load_coefficients
+def _table(path: str | None, shipped_only: bool = False):
+    """``--coefficients``: a file, ``defaults`` (engine defaults), else the shipped table with the user's device
+    scopes over it (``shipped_only``: the shipped table alone, as the accuracy gate reads it)."""
+    from predictor.coefficients import (
+        Coefficients,
+        default_coefficients,
+        default_coefficients_path,
+        load_coefficients,
+    )
 
     if path is not None and path.lower() == "defaults":
         return Coefficients()
-    return load_coefficients(path or default_coefficients_path())
+    if path is not None:
+        return load_coefficients(path)
+    return load_coefficients(default_coefficients_path()) if shipped_only else default_coefficients()
+
+
+def _prior(choice: str, dirs: list[str]):
+    """The table a fit starts from: ``none`` (engine defaults), ``shipped``, a file; ``auto`` is none for the
+    shipped runs (the shipped table is fitted from scratch) and the shipped table for anyone else's."""
+    from predictor.coefficients import default_coefficients_path, load_coefficients
+    from predictor.userdata import is_shipped
+
+    if choice == "auto":
+        choice = "none" if all(is_shipped(d) for d in dirs) else "shipped"
+    if choice == "none":
+        return None
+    return load_coefficients(default_coefficients_path() if choice == "shipped" else choice)
 
 
 def _emit(text: str, output: str | None) -> None:
@@ -52,16 +75,21 @@ def cmd_calibrate(args) -> int:
     from calibration.crossval import annotate, cross_validate
     from calibration.output import write_table
     from calibration.table import fit_table
+    from predictor.userdata import user_calibration_dir
 
     dataset, dirs = _dataset(args)
     if not any(block.fittable.any() for block in dataset.blocks.values()):
         raise BenchcalError(f"no usable measurements under {', '.join(dirs)} (only failed or incomplete runs)")
-    table = fit_table(dataset, n_boot=args.bootstrap, source=f"benchcal calibrate --runs-dir {' '.join(dirs)}")
-    table = annotate(table, dataset, cross_validate(dataset, table))
-    for path in write_table(table, args.out, dirs):
+    prior = _prior(args.prior, dirs)
+    out = args.out or str(user_calibration_dir())
+    source = f"benchcal calibrate --runs-dir {' '.join(dirs)}" + (f" (prior: {prior.source})" if prior else "")
+    table = fit_table(dataset, n_boot=args.bootstrap, source=source, prior=prior)
+    table = annotate(table, dataset, cross_validate(dataset, table, prior))
+    for path in write_table(table, out, dirs):
         print(f"wrote {path}")
     metrics = table.get("cross_validation") or {}
-    for name, label in (("in_sample", "in-sample"), ("lomo", "leave-one-model-out"), ("lodo", "leave-one-device-out")):
+    for name, label in (("in_sample", "in-sample"), ("lomo", "leave-one-model-out"), ("lodo", "leave-one-device-out"),
+                        ("loso", "leave-one-source-out")):
         overall = (metrics.get(name) or {}).get("overall") or {}
         parts = [f"{q} MAPE {100 * m['mape']:.1f}% (n={m['n']})" for q, m in overall.items() if m.get("n")]
         print(f"{label}: " + ("; ".join(parts) if parts else "not enough data"))
@@ -84,8 +112,10 @@ def cmd_check(args) -> int:
 
     thresholds = load_thresholds(args.thresholds)
     baseline_path = None if str(args.baseline).lower() == "none" else args.baseline
-    table = _table(args.coefficients)
-    dataset, dirs = _dataset(args)
+    from predictor.userdata import shipped_runs_dir
+
+    table = _table(args.coefficients, shipped_only=True)
+    dataset, dirs = _dataset(args, str(shipped_runs_dir()))
     result = run_check(dataset, table, thresholds, None if args.write_baseline else load_baseline(baseline_path),
                        include_noisy=args.include_noisy)
     if args.write_baseline:
@@ -147,19 +177,25 @@ def _positive_int(text: str) -> int:
 
 
 def register(sub) -> None:
-    runs_help = "directory of run records; repeat for several (default: $BENCHCAL_RUNS or ./runs)"
+    runs_help = ("directory of run records; repeat for several (default: your own runs, $BENCHCAL_RUNS or "
+                 "$BENCHCAL_HOME/runs)")
     p = sub.add_parser("calibrate", help="fit coefficients from stored runs; write coefficients.{json,csv,md}",
-                       formatter_class=RAW, epilog="example:\n  benchcal calibrate --runs-dir runs --out calibration")
+                       formatter_class=RAW, epilog="examples:\n  benchcal calibrate                 # your runs -> "
+                       "$BENCHCAL_HOME/calibration, which predict then uses for your devices\n"
+                       "  benchcal calibrate --runs-dir runs --out calibration   # refit the shipped table")
     p.add_argument("--runs-dir", action="append", default=None, help=runs_help)
-    p.add_argument("--out", default=str(PACKAGE_DIR), help="output directory (default: calibration/)")
+    p.add_argument("--out", default=None, help="output directory (default: $BENCHCAL_HOME/calibration, never the "
+                   "shipped calibration/)")
+    p.add_argument("--prior", default="auto", help="table the fit starts from and falls back to: auto (the shipped "
+                   "table, or none when fitting the shipped runs), shipped, none, or a coefficients.json")
     p.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples for uncertainties (default 100)")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("report", help="measured vs predicted (engine defaults and calibrated) for every run",
                        formatter_class=RAW, epilog="example:\n  benchcal report --format html --output report.html")
     p.add_argument("--runs-dir", action="append", default=None, help=runs_help)
-    p.add_argument("--coefficients", default=None, help="coefficients.json (default: calibration/coefficients.json "
-                   "when present; 'defaults' for engine defaults)")
+    p.add_argument("--coefficients", default=None, help="coefficients.json (default: the shipped "
+                   "calibration/coefficients.json with your own fit's devices over it; 'defaults' for engine defaults)")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     p.add_argument("--output", "-o", default=None, help="write to FILE instead of stdout")
     p.set_defaults(func=cmd_report)
@@ -167,7 +203,8 @@ def register(sub) -> None:
     p = sub.add_parser("check", help="accuracy gate: exit 1 when an error exceeds its threshold or the baseline",
                        formatter_class=RAW, epilog="example:\n  benchcal check --runs-dir runs\n"
                        "  benchcal check --runs-dir runs --write-baseline")
-    p.add_argument("--runs-dir", action="append", default=None, help=runs_help)
+    p.add_argument("--runs-dir", action="append", default=None, help="directory of run records; repeat for several "
+                   "(default: the shipped runs/)")
     p.add_argument("--coefficients", default=None, help="coefficients.json (default: calibration/coefficients.json)")
     p.add_argument("--thresholds", default=str(PACKAGE_DIR / "accuracy.toml"), help="thresholds TOML "
                    "(default: calibration/accuracy.toml)")

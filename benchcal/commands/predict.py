@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from predictor.coefficients import Coefficients, default_coefficients_path, load_coefficients
+from predictor.coefficients import Coefficients, default_coefficients, load_coefficients
 from predictor.devices import Device, cpu_device, load_devices, resolve_device
 from predictor.errors import BenchcalError, positive
 from predictor.estimate import predict, require_context
@@ -35,11 +35,12 @@ def _add_common(p: argparse.ArgumentParser, *, gpu: bool = True, quant: bool = T
     if ctx:
         p.add_argument("--ctx", type=int, default=8192, help="context length in tokens (default 8192)")
     p.add_argument("--engine", default="llama.cpp", help="llama.cpp or vllm (default llama.cpp)")
-    p.add_argument("--coefficients", default=None, help="coefficients.json from `benchcal calibrate` (default: "
-                   "calibration/coefficients.json when present, else engine defaults)")
+    p.add_argument("--coefficients", default=None, help="coefficients.json from `benchcal calibrate` (default: the "
+                   "shipped calibration/coefficients.json, with your own fit's devices over it)")
     p.add_argument("--defaults", action="store_true", help="ignore calibrated coefficients; use engine defaults")
     p.add_argument("--cpu-bw-gbs", type=float, default=None, help="host memory bandwidth, GB/s (default: measured)")
-    p.add_argument("--cpu-tflops", type=float, default=None, help="host compute, TFLOPS (default: measured)")
+    p.add_argument("--cpu-tflops", type=float, default=None, help="host matmul rate, TFLOPS (default: measured with "
+                   "llama.cpp's F16 kernels)")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     p.add_argument("--output", "-o", default=None, help="write to FILE instead of stdout")
 
@@ -47,29 +48,41 @@ def _add_common(p: argparse.ArgumentParser, *, gpu: bool = True, quant: bool = T
 def _table(args) -> Coefficients:
     if getattr(args, "defaults", False):
         return Coefficients()
-    return load_coefficients(args.coefficients or default_coefficients_path())
+    return load_coefficients(args.coefficients) if args.coefficients else default_coefficients()
 
 
-def host_device(args) -> Device:
-    """The host CPU as a device: bandwidth and FLOPS from flags, else from the harness's microbenchmark."""
+def host_device(args, table: Coefficients | None = None) -> Device:
+    """The host CPU as a device, under its calibration id: bandwidth and matmul rate from flags, else the figures
+    its calibration was fitted against (a calibrated host), else the harness's probes (``harness.hostbench``:
+    llama.cpp's own F16 decode and prefill)."""
     bw, tflops = getattr(args, "cpu_bw_gbs", None), getattr(args, "cpu_tflops", None)
     import psutil
 
+    from harness.hostinfo import host_identity
+
     mem_gib = psutil.virtual_memory().total / 2**30
+    identity = host_identity()
+    engine = normalize_engine(getattr(args, "engine", None) or "llama.cpp")
+    fitted = table.host_figures(engine, identity["host_id"]) if table is not None else None
+    if fitted:
+        bw = bw or fitted["bandwidth_gbs"]
+        tflops = tflops or (fitted["matmul_gflops"] / 1000.0 if fitted.get("matmul_gflops") else None)
     if bw is None or tflops is None:
         from harness.hostbench import host_profile
 
         prof = host_profile()
         bw = bw or prof["bandwidth_gbs"]
-        tflops = tflops or prof["fp32_gflops"] / 1000.0
+        tflops = tflops or (prof["matmul_gflops"] / 1000.0 if prof.get("matmul_gflops") else None)
     positive("--cpu-bw-gbs", bw)
-    positive("--cpu-tflops", tflops)
-    return cpu_device(bandwidth_gbs=bw, tflops=tflops, memory_gib=mem_gib)
+    if tflops is not None:
+        positive("--cpu-tflops", tflops)
+    return cpu_device(bandwidth_gbs=bw, tflops=tflops, memory_gib=mem_gib, name=identity["cpu_model"],
+                      device_id=identity["host_id"])
 
 
-def resolve_gpu(args) -> Device:
+def resolve_gpu(args, table: Coefficients | None = None) -> Device:
     if args.gpu.strip().lower() == "cpu":
-        return host_device(args)
+        return host_device(args, table)
     return resolve_device(args.gpu)
 
 
@@ -83,7 +96,7 @@ def emit(text: str, args) -> None:
 
 def cmd_predict(args) -> int:
     table = _table(args)
-    dev = resolve_gpu(args)
+    dev = resolve_gpu(args, table)
     est = predict(
         resolve_model(args.model), dev, args.quant, args.ctx, args.engine,
         prompt_tokens=args.prompt, batch=args.batch, kv_dtype=args.kv_dtype, device_count=args.gpus,
