@@ -98,8 +98,10 @@ def _bootstrap_std(block: Block, rows: np.ndarray, start: np.ndarray, chosen: li
 
 # Fitted per device and family only: prefill's unpacking cost on unified-memory GPUs (Metal dequantizes weight
 # tiles in its matmul kernels) pooled with the discrete GPUs' runs at engine scope would shift the engine-wide
-# matmul efficiency every unmeasured GPU falls back to.
-ENGINE_HELD = ("prefill_unpack_flops_per_weight",)
+# matmul efficiency every unmeasured GPU falls back to; the flash-attention efficiency, measured at engine scope
+# only on unified-memory GPUs (four dense pp2048 rows of a DGX Spark and an M3 Ultra, where attention is a few
+# percent of the time), says nothing of a discrete GPU's attention kernels and would sit at its bound.
+ENGINE_HELD = ("prefill_unpack_flops_per_weight", "prefill_attn_efficiency")
 
 
 def fit_scope_quantity(block: Block, mask: np.ndarray, parent: dict[str, float], *, n_boot: int,

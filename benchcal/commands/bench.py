@@ -202,7 +202,8 @@ class _Progress:
     def start(self, config: dict[str, Any]) -> None:
         runs = int(config["warmup"]) + int(config["reps"])
         phases = len(config["prompt_tokens"]) + (1 if int(config["gen_tokens"]) >= 2 else 0)
-        label = f"{config['model']} {config.get('quant') or ''} ctx {config['context']} on {config['device']}"
+        shrunk = "".join(f" {k.replace('num_', '')}={v}" for k, v in sorted((config.get("arch_overrides") or {}).items()))
+        label = f"{config['model']}{shrunk} {config.get('quant') or ''} ctx {config['context']} on {config['device']}"
         self.task = self.progress.add_task(label, total=1 + phases * runs)
 
     def on_event(self, event: dict[str, Any]) -> None:

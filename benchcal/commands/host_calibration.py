@@ -197,7 +197,7 @@ def render_calibration(mine: list[tuple[dict[str, Any], Path]], calibrated: list
     from rich.table import Table
 
     table = Table(title="host calibration: measured / prior (shipped table) / calibrated (this host's fit)")
-    for title in ("model", "quant", "ctx", "fa", "status", "decode tok/s", "prefill tok/s", "TTFT ms", "peak GiB"):
+    for title in ("model", "quant", "ctx", "fa", "status", "decode tok/s", "prefill tok/s", "peak GiB"):
         table.add_column(title, justify="left" if title in ("model", "status") else "right")
     for (record, _path), after in zip(mine, calibrated, strict=True):
         config = record["config"]
@@ -209,7 +209,6 @@ def render_calibration(mine: list[tuple[dict[str, Any], Path]], calibrated: list
             "on" if (config.get("engine_options") or {}).get("flash_attn") else "off", str(record["status"]),
             _cell(measured["decode"], prior["decode"], fitted["decode"]),
             _cell(measured["prefill"], prior["prefill"], fitted["prefill"], digits=0),
-            _cell(measured["ttft"], prior["ttft"], fitted["ttft"], digits=0),
             _cell(measured["memory"], prior["memory"], fitted["memory"], digits=2),
         )
     errors = relative_errors(mine, calibrated)
@@ -217,7 +216,7 @@ def render_calibration(mine: list[tuple[dict[str, Any], Path]], calibrated: list
     for name in ("prior", "calibrated"):
         parts = [f"{q} {100 * sum(v) / len(v):.1f}%" for q, v in errors[name].items() if v]
         lines.append(f"MAPE {name}: " + ("; ".join(parts) or "-"))
-    console = Console(record=True, width=170, file=_Null())
+    console = Console(record=True, width=165, file=_Null())
     console.print(table)
     for line in lines:
         console.print(line)
