@@ -21,7 +21,7 @@ examples:
   benchcal bench --gpu auto --model llama-3.1-8b --quant Q4_K_M --ctx 8192 --prompt 512,2048
   benchcal bench --gpu l4 --model qwen2.5-7b --weights ./qwen2.5-7b-instruct-q4_k_m.gguf
   benchcal bench --sweep cpu-smoke            # a shipped sweep (harness/sweeps/cpu-smoke.toml); resumes
-  benchcal bench --sweep my-sweep.toml --runs-dir runs/
+  benchcal bench --sweep my-sweep.toml --runs-dir ./my-runs
 
 Weights are synthetic by default: a GGUF with the model's real tensor shapes and random values, built
 once and cached under ~/.cache/benchcal (BENCHCAL_CACHE). Speed and memory do not depend on the values.

@@ -184,8 +184,8 @@ def register(sub) -> None:
                        "$BENCHCAL_HOME/calibration, which predict then uses for your devices\n"
                        "  benchcal calibrate --runs-dir runs --out calibration   # refit the shipped table")
     p.add_argument("--runs-dir", action="append", default=None, help=runs_help)
-    p.add_argument("--out", default=None, help="output directory (default: $BENCHCAL_HOME/calibration, never the "
-                   "shipped calibration/)")
+    p.add_argument("--out", default=None, help="output directory (default: $BENCHCAL_HOME/calibration; the shipped "
+                   "calibration/ only when named, as make refit does)")
     p.add_argument("--prior", default="auto", help="table the fit starts from and falls back to: auto (the shipped "
                    "table, or none when fitting the shipped runs), shipped, none, or a coefficients.json")
     p.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples for uncertainties (default 100)")
@@ -227,7 +227,8 @@ def register(sub) -> None:
         k.add_argument("--model", required=True, help="catalogue model the results are for (e.g. llama-3-8b)")
         k.add_argument("--gpu", default=None, help="device id or name (default: from the file)")
         k.add_argument("--gpus", type=_positive_int, default=None, help="number of GPUs used (default 1, or the file's)")
-        k.add_argument("--runs-dir", default=None, help="where records go (default: ./runs/imported)")
+        k.add_argument("--runs-dir", default=None, help="where records go (default: imported/ in your runs, "
+                       "$BENCHCAL_HOME/runs/imported)")
         k.add_argument("--source-url", default=None, help="where the file was published (stored in provenance)")
         if name == "vllm-bench":
             k.add_argument("--quant", default="BF16", help="weight format served (default BF16)")
