@@ -104,3 +104,10 @@ def test_a_fit_with_a_prior_starts_unidentified_terms_from_it():
     built = {"engines": {"llama.cpp": {"default": {}, "families": {"dram/cpu": {"decode_bw_efficiency": {"value": 0.3}}},
                                        "devices": {}}}}
     assert _parent_values(built, "llama.cpp", f"device:{HOST}", "dram/cpu", prior, HOST)["decode_bw_efficiency"] == 0.3
+
+
+def test_bench_without_a_model_calibrates_for_llama_cpp_only():
+    p = subprocess.run([sys.executable, "-m", "benchcal", "bench", "--gpu", "cpu", "--engine", "vllm"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "calibrates this machine for llama.cpp" in p.stderr
+    assert "Traceback" not in p.stderr

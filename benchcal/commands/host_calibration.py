@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import records
+from predictor.errors import BenchcalError
 
 HOST_SWEEP = {"cpu": "host-calibration", "gpu": "gpu-calibration"}
 SMOKE_SWEEP = {"cpu": "cpu-smoke", "gpu": "gpu-calibration"}
@@ -45,6 +46,9 @@ def run_default(args: argparse.Namespace, root: Path, device: str,
     from harness.sweep import load_sweep, pending
     from predictor.coefficients import default_coefficients
 
+    if args.engine.strip().lower() != "llama.cpp":
+        raise BenchcalError("bench without --model calibrates this machine for llama.cpp; for vLLM measure a sweep "
+                            "(benchcal bench --engine vllm --sweep cpu-vllm-calibration) and run benchcal calibrate")
     host = _host(device)
     device_id = device_identity(device, host)
     kind = "cpu" if device == "cpu" else "gpu"
