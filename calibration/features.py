@@ -34,15 +34,9 @@ from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, ENGINE_DEFAULTS
 from predictor.devices import cpu_device, resolve_device
 from predictor.errors import BenchcalError
-from predictor.estimate import (
-    DEFAULT_HOST_BANDWIDTH_GBS,
-    DEFAULT_HOST_MEMORY_GIB,
-    cpu_kernel_kwargs,
-    device_kwargs,
-    evaluate,
-)
+from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_HOST_MEMORY_GIB, device_kwargs, evaluate
 from predictor.quants import resolve_kv_dtype, resolve_quant
-from predictor.weights import format_bits, known_weights_bytes
+from predictor.weights import cpu_kernel_kwargs, format_bits, known_weights_bytes
 
 NEUTRAL_INVERSE = 1e200  # an efficiency this large removes its term (bytes / (eta * BW) ~ 0)
 

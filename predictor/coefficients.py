@@ -314,3 +314,14 @@ def default_coefficients() -> Coefficients:
     shipped = load_coefficients(default_coefficients_path())
     user_path = user_coefficients_path()
     return shipped.with_devices_from(load_coefficients(user_path)) if user_path else shipped
+
+
+HOST_UNCALIBRATED = "uncalibrated on this host; `make bench` calibrates it in ~3 minutes"
+
+
+def host_calibration_note(kind: str, device_id: str, scope: str) -> str | None:
+    """For a CPU no run describes: says its coefficients are a prior from other hosts, and how to fit its own."""
+    if kind != "cpu" or scope == f"device:{device_id}":
+        return None
+    prior = "engine defaults" if scope == "engine" else f"prior from {scope}"
+    return f"{device_id}: {HOST_UNCALIBRATED} ({prior})"

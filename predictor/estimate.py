@@ -20,6 +20,7 @@ from predictor.coefficients import (
     Coefficients,
     CoefficientSet,
     default_coefficients,
+    host_calibration_note,
     load_coefficients,
 )
 from predictor.devices import Device, resolve_device
@@ -28,7 +29,7 @@ from predictor.models import resolve_model
 from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype, resolve_quant
 from predictor.weights import (
     WEIGHTS_FROM_FILE,
-    cpu_kernel_mix,
+    cpu_kernel_kwargs,
     format_bits,
     known_weights_bytes,
     require_bits,
@@ -359,25 +360,6 @@ class Estimate:
             },
             "launch": dict(self.launch),
         }
-
-
-def cpu_kernel_kwargs(arch: ModelArch, quant_id: str) -> dict[str, float]:
-    """``evaluate``'s CPU kernel-mix arguments for a model in a format (``predictor.weights.cpu_kernel_mix``)."""
-    mix = cpu_kernel_mix(arch, quant_id)
-    return {"cpu_repack": mix.repacked_bytes, "cpu_repack_weights": mix.repacked_weights,
-            "cpu_float_weights": mix.float_weights, "cpu_q8_weights": mix.q8_weights,
-            "cpu_generic_bytes": mix.generic_bytes}
-
-
-HOST_UNCALIBRATED = "uncalibrated on this host; `make bench` calibrates it in ~3 minutes"
-
-
-def host_calibration_note(kind: str, device_id: str, scope: str) -> str | None:
-    """For a CPU no run describes: says its coefficients are a prior from other hosts, and how to fit its own."""
-    if kind != "cpu" or scope == f"device:{device_id}":
-        return None
-    prior = "engine defaults" if scope == "engine" else f"prior from {scope}"
-    return f"{device_id}: {HOST_UNCALIBRATED} ({prior})"
 
 
 def _r(x, nd: int = 3) -> float | None:

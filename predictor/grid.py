@@ -13,15 +13,9 @@ import numpy as np
 from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, Coefficients
 from predictor.devices import Device
-from predictor.estimate import (
-    DEFAULT_HOST_BANDWIDTH_GBS,
-    DEFAULT_PROMPT_TOKENS,
-    cpu_kernel_kwargs,
-    device_kwargs,
-    evaluate,
-)
+from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_PROMPT_TOKENS, device_kwargs, evaluate
 from predictor.quants import QuantFormat
-from predictor.weights import format_bits, known_weights_bytes
+from predictor.weights import cpu_kernel_kwargs, format_bits, known_weights_bytes
 
 
 def coefficient_arrays(table: Coefficients, engine: str, devices: Sequence[Device]) -> dict[str, np.ndarray]:

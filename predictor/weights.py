@@ -127,3 +127,11 @@ def cpu_kernel_mix(arch: ModelArch, quant_id: str) -> CpuKernelMix:
     return CpuKernelMix(sum(t.nbytes for t in repacked) / total_bytes, sum(t.n_values for t in repacked) / total_values,
                         sum(t.n_values for t in floating) / total_values, sum(t.n_values for t in q8) / total_values,
                         sum(t.nbytes for t in generic) / total_bytes)
+
+
+def cpu_kernel_kwargs(arch: ModelArch, quant_id: str) -> dict[str, float]:
+    """``predictor.estimate.evaluate``'s CPU kernel-mix arguments for a model in a format (:func:`cpu_kernel_mix`)."""
+    mix = cpu_kernel_mix(arch, quant_id)
+    return {"cpu_repack": mix.repacked_bytes, "cpu_repack_weights": mix.repacked_weights,
+            "cpu_float_weights": mix.float_weights, "cpu_q8_weights": mix.q8_weights,
+            "cpu_generic_bytes": mix.generic_bytes}

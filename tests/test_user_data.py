@@ -80,8 +80,9 @@ def test_calibrate_without_out_writes_to_the_users_directory(tmp_path):
 
 
 def test_an_uncalibrated_host_is_told_how_to_calibrate_it():
+    from predictor.coefficients import HOST_UNCALIBRATED
     from predictor.devices import cpu_device
-    from predictor.estimate import HOST_UNCALIBRATED, predict
+    from predictor.estimate import predict
     from predictor.models import resolve_model
 
     host = cpu_device(bandwidth_gbs=20.0, tflops=0.05, memory_gib=16.0, device_id="cpu-never-seen-avx2-2c")
