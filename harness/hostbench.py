@@ -27,7 +27,7 @@ import os
 import socket
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -262,6 +262,34 @@ def host_profile(refresh: bool = False) -> dict[str, Any]:
         "matmul_error": matmul.get("matmul_error"),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(bandwidth["measured_at_unix"]))),
     }
+
+
+def host_cpu_device(engine: str, host: Mapping[str, Any] | None = None, table: Any = None,
+                    bandwidth_gbs: float | None = None, tflops: float | None = None) -> Any:
+    """The host CPU as the predictor's device, under its calibration id (``host_id``).
+
+    Bandwidth and matmul rate: the ones given, else the figures its calibration was fitted against (a host the
+    coefficient ``table`` describes, default the shipped table with the user's fit over it), else ``host``'s probed
+    figures (probed now when ``host`` is None)."""
+    from predictor.coefficients import default_coefficients
+    from predictor.devices import cpu_device
+    from predictor.errors import BenchcalError
+
+    known = dict(host) if host else host_identity()
+    host_id = known.get("host_id")
+    try:
+        fitted = ((table or default_coefficients()).host_figures(engine, host_id) if host_id else None) or {}
+    except BenchcalError:  # an unreadable user table: predict from the probes
+        fitted = {}
+    bandwidth = bandwidth_gbs or fitted.get("bandwidth_gbs")
+    gflops = tflops * 1000.0 if tflops else fitted.get("matmul_gflops")
+    if bandwidth is None or gflops is None:
+        probed = known if known.get("bandwidth_gbs") else host_profile()
+        bandwidth = bandwidth or probed.get("bandwidth_gbs")
+        gflops = gflops or probed.get("matmul_gflops")
+    memory_gib = known.get("memory_gib") or psutil.virtual_memory().total / 2**30
+    return cpu_device(bandwidth_gbs=bandwidth, tflops=gflops / 1000.0 if gflops else None, memory_gib=memory_gib,
+                      name=known.get("cpu_model") or "host CPU", device_id=host_id or "cpu")
 
 
 def device_bandwidth_gbs(device_index: int = 0, device_uuid: str | None = None, refresh: bool = False) -> float | None:

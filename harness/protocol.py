@@ -238,29 +238,13 @@ def _model_arch(cfg: Mapping[str, Any]) -> Any:
 def _predictor_device(cfg: Mapping[str, Any], host: Mapping[str, Any] | None) -> Any:
     """The predictor's device for the run: the catalogue GPU, or the host CPU with its probed figures and its
     calibration identity (``host_id``)."""
+    from harness.hostbench import host_cpu_device
     from predictor import devices
 
     if cfg["device"] != "cpu":
         return devices.resolve_device(cfg["device"])
-    host = dict(host or {})
-    fitted = _fitted_host_figures(str(cfg["engine"]), host.get("host_id"))
-    if fitted:  # a calibrated host is predicted with the figures its coefficients were fitted against
-        host.update({k: v for k, v in fitted.items() if k in ("bandwidth_gbs", "matmul_gflops") and v})
-    gflops = host.get("matmul_gflops")
-    return devices.cpu_device(bandwidth_gbs=host.get("bandwidth_gbs"), tflops=gflops / 1000.0 if gflops else None,
-                              memory_gib=host.get("memory_gib"), name=host.get("cpu_model") or "host CPU",
-                              device_id=host.get("host_id") or "cpu")
-
-
-def _fitted_host_figures(engine: str, host_id: str | None) -> dict[str, Any] | None:
-    if not host_id:
-        return None
-    from predictor.coefficients import default_coefficients
-
-    try:
-        return default_coefficients().host_figures(engine, host_id)
-    except BenchcalError:
-        return None
+    # a calibrated host is predicted with the figures its coefficients were fitted against
+    return host_cpu_device(str(cfg["engine"]), host)
 
 
 def predict_config(cfg: Mapping[str, Any], host: Mapping[str, Any] | None = None) -> tuple[dict | None, str | None]:

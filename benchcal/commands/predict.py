@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from predictor.coefficients import Coefficients, default_coefficients, load_coefficients
-from predictor.devices import Device, cpu_device, load_devices, resolve_device
+from predictor.devices import Device, load_devices, resolve_device
 from predictor.errors import BenchcalError, positive
 from predictor.estimate import predict, require_context
 from predictor.models import load_catalogue, resolve_model
@@ -56,28 +56,14 @@ def host_device(args, table: Coefficients | None = None) -> Device:
     its calibration was fitted against (a calibrated host), else the harness's probes (``harness.hostbench``:
     llama.cpp's own F16 decode and prefill)."""
     bw, tflops = getattr(args, "cpu_bw_gbs", None), getattr(args, "cpu_tflops", None)
-    import psutil
+    from harness.hostbench import host_cpu_device
 
-    from harness.hostinfo import host_identity
-
-    mem_gib = psutil.virtual_memory().total / 2**30
-    identity = host_identity()
-    engine = normalize_engine(getattr(args, "engine", None) or "llama.cpp")
-    fitted = table.host_figures(engine, identity["host_id"]) if table is not None else None
-    if fitted:
-        bw = bw or fitted["bandwidth_gbs"]
-        tflops = tflops or (fitted["matmul_gflops"] / 1000.0 if fitted.get("matmul_gflops") else None)
-    if bw is None or tflops is None:
-        from harness.hostbench import host_profile
-
-        prof = host_profile()
-        bw = bw or prof["bandwidth_gbs"]
-        tflops = tflops or (prof["matmul_gflops"] / 1000.0 if prof.get("matmul_gflops") else None)
-    positive("--cpu-bw-gbs", bw)
+    if bw is not None:
+        positive("--cpu-bw-gbs", bw)
     if tflops is not None:
         positive("--cpu-tflops", tflops)
-    return cpu_device(bandwidth_gbs=bw, tflops=tflops, memory_gib=mem_gib, name=identity["cpu_model"],
-                      device_id=identity["host_id"])
+    engine = normalize_engine(getattr(args, "engine", None) or "llama.cpp")
+    return host_cpu_device(engine, None, table, bandwidth_gbs=bw, tflops=tflops)
 
 
 def resolve_gpu(args, table: Coefficients | None = None) -> Device:
