@@ -46,8 +46,9 @@ def _cmdline(process: psutil.Process) -> str:
         return ""
 
 
-def engine_child(parent: subprocess.Popen, cache: Path, timeout_s: float = 60.0) -> psutil.Process:
-    """The engine process, once it has loaded the model and is measuring."""
+def engine_child(parent: subprocess.Popen, cache: Path, timeout_s: float = 180.0) -> psutil.Process:
+    """The engine process, once it has loaded the model and is measuring (in a fresh cache the host probe runs
+    first: up to three rounds when the machine is busy)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert parent.poll() is None, parent.stderr.read().decode()
