@@ -87,17 +87,16 @@ def robust_spread(samples: Sequence[float]) -> float:
     return 1.4826 * statistics.median(abs(x - median) for x in values) / median
 
 
-def _steady(measure: Callable[[], list[float]], attempts: int = ATTEMPTS) -> tuple[list[float], bool]:
-    """Samples of the first round whose spread is within :data:`DISTURBED_SPREAD`, else of the steadiest
+def _steady(measure: Callable[[], Any], attempts: int = ATTEMPTS,
+            spread: Callable[[Any], float] = robust_spread) -> tuple[Any, bool]:
+    """The first round of ``measure`` whose ``spread`` is within :data:`DISTURBED_SPREAD`, else the steadiest
     round with ``disturbed`` True."""
-    best: list[float] = []
+    rounds = []
     for _ in range(attempts):
-        samples = measure()
-        if robust_spread(samples) <= DISTURBED_SPREAD:
-            return samples, False
-        if not best or robust_spread(samples) < robust_spread(best):
-            best = samples
-    return best, True
+        rounds.append(measure())
+        if spread(rounds[-1]) <= DISTURBED_SPREAD:
+            return rounds[-1], False
+    return min(rounds, key=spread), True
 
 
 def copy_bandwidth_samples(array_bytes: int = COPY_BYTES, threads: int | None = None,
@@ -200,19 +199,13 @@ def engine_matmul_gflops(refresh: bool = False) -> dict[str, Any]:
     cached = None if refresh else (_PROBED.get(key) or _read_cache(path))
     if cached is not None:
         return cached
-    rounds: list[tuple[float, list[float], list[float], dict[str, Any]]] = []
-    try:
-        for _ in range(ATTEMPTS):  # a round is steady when both rates are
-            matmul, bandwidth, version_info = engine_probe_samples()
-            rounds.append((max(robust_spread(matmul), robust_spread(bandwidth)), matmul, bandwidth, version_info))
-            if rounds[-1][0] <= DISTURBED_SPREAD:
-                break
+    try:  # a round is steady when both rates are
+        (samples, bandwidth_samples, found), disturbed = _steady(
+            engine_probe_samples, spread=lambda r: max(robust_spread(r[0]), robust_spread(r[1])))
     except Exception as exc:  # no llama-cpp-python, or the engine failed: no engine figures, said so
         _PROBED[key] = {"matmul_gflops": None, "matmul_error": f"{type(exc).__name__}: {exc}",
                         "matmul_method": PROBE_METHOD}
         return _PROBED[key]
-    spread, samples, bandwidth_samples, found = min(rounds, key=lambda r: r[0])
-    disturbed = spread > DISTURBED_SPREAD
     result = {
         "matmul_gflops": round(statistics.median(samples), 2), "matmul_samples": [round(x, 2) for x in samples],
         "matmul_spread": round(robust_spread(samples), 4), "matmul_disturbed": disturbed,
