@@ -14,7 +14,8 @@ SmolLM2-135M in F16, a 256-token prompt then 32 generated tokens, the harness's 
 - Device bandwidth (GPUs, when torch with CUDA is importable): device-to-device tensor copy, same counting.
 
 A probe whose repetitions spread more than :data:`DISTURBED_SPREAD` (robust relative spread) is repeated;
-one that stays disturbed is used for the run that asked but never cached. Steady results are cached as JSON
+one that stays disturbed is used, flagged, and cached for an hour only (:data:`DISTURBED_TTL_S`: a busy
+machine is probed again an hour later, not by every command). Steady results are cached as JSON
 under ``$BENCHCAL_CACHE/hostbench/`` for a week, keyed by the host's calibration id
 (:func:`harness.hostinfo.host_identity`) and, for the matmul rate, the engine version.
 :func:`host_profile` is what the predictor's CPU device and run provenance use.
@@ -38,9 +39,10 @@ import psutil
 from harness.hostinfo import cpu_model, host_identity, usable_cores
 
 CACHE_TTL_S = 7 * 24 * 3600
+DISTURBED_TTL_S = 3600  # a disturbed figure is reused for an hour, then probed again
 COPY_BYTES = 256 * 2**20  # per array; well beyond any last-level cache
 REPEATS = 5
-ATTEMPTS = 3  # probe rounds before a disturbed figure is accepted (uncached)
+ATTEMPTS = 3  # probe rounds before a disturbed figure is accepted (cached for DISTURBED_TTL_S)
 DISTURBED_SPREAD = 0.05  # 1.4826 x MAD / median of the repetitions
 # The probe: F16 weights take llamafile's float GEMM (prefill) and plain F16 dot products (decode) on every ISA.
 PROBE = {"model": "smollm2-135m", "quant": "F16", "context": 1024, "prompt_tokens": 256, "gen_tokens": 32,
@@ -66,7 +68,10 @@ def _read_cache(path: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
-    if not isinstance(data, dict) or time.time() - float(data.get("measured_at_unix", 0)) > CACHE_TTL_S:
+    if not isinstance(data, dict):
+        return None
+    disturbed = data.get("matmul_disturbed") or data.get("bandwidth_disturbed")
+    if time.time() - float(data.get("measured_at_unix", 0)) > (DISTURBED_TTL_S if disturbed else CACHE_TTL_S):
         return None
     return data
 
@@ -186,7 +191,7 @@ _PROBED: dict[str, dict[str, Any]] = {}  # this process's probe results, disturb
 def engine_matmul_gflops(refresh: bool = False) -> dict[str, Any]:
     """``{matmul_gflops, engine_bandwidth_gbs, *_samples, matmul_disturbed, ...}`` for this host from the engine
     probe; both figures None (with ``matmul_error``) when llama.cpp cannot run here. A disturbed result (either
-    rate) is not cached on disk, but one process (a sweep) probes once."""
+    rate) is cached for :data:`DISTURBED_TTL_S` only."""
     identity = host_identity()
     try:
         from importlib.metadata import version
@@ -215,8 +220,7 @@ def engine_matmul_gflops(refresh: bool = False) -> dict[str, Any]:
         "matmul_method": PROBE_METHOD, "bandwidth_method": PROBE_BANDWIDTH_METHOD,
         "engine_version": found.get("engine_version"), "measured_at_unix": time.time(),
     }
-    if not disturbed:
-        _write_cache(path, result)
+    _write_cache(path, result)
     _PROBED[key] = result
     return result
 
@@ -225,8 +229,8 @@ def host_profile(refresh: bool = False) -> dict[str, Any]:
     """``{bandwidth_gbs, matmul_gflops, copy_bandwidth_gbs, cores, memory_gib, cpu_model, cpu_flags, isa,
     host_id, ...}``: ``bandwidth_gbs`` is the engine probe's (the copy loop's where llama.cpp cannot run).
 
-    Each probe is cached for a week when steady (see the module docstring); ``probe_disturbed`` lists the
-    probes (``engine``, ``copy``) whose figures were taken from a disturbed round (then not cached)."""
+    Each probe is cached for a week when steady, an hour when not (see the module docstring); ``probe_disturbed``
+    lists the probes (``engine``, ``copy``) whose figures were taken from a disturbed round."""
     identity = host_identity()
     key = f"bandwidth-{identity['host_id']}"
     path = _cache_file(key)
@@ -236,8 +240,7 @@ def host_profile(refresh: bool = False) -> dict[str, Any]:
         bandwidth = {"bandwidth_gbs": round(max(samples), 2), "bandwidth_samples": [round(x, 2) for x in samples],
                      "bandwidth_disturbed": disturbed, "bandwidth_method": BANDWIDTH_METHOD,
                      "measured_at_unix": time.time()}
-        if not disturbed:
-            _write_cache(path, bandwidth)
+        _write_cache(path, bandwidth)
         _PROBED[key] = bandwidth
     matmul = engine_matmul_gflops(refresh)
     engine_bw = matmul.get("engine_bandwidth_gbs")

@@ -71,18 +71,28 @@ def test_a_disturbed_probe_is_repeated_and_flagged(monkeypatch):
     assert hostbench.robust_spread([10.0, 10.0, 10.0]) == 0.0
 
 
-def test_a_disturbed_bandwidth_probe_is_used_but_never_cached(monkeypatch, tmp_path):
+def test_a_disturbed_bandwidth_probe_is_used_and_cached_for_an_hour_only(monkeypatch, tmp_path):
     monkeypatch.setenv("BENCHCAL_CACHE", str(tmp_path))
     monkeypatch.setattr(hostbench, "_PROBED", {})
     monkeypatch.setattr(hostbench, "copy_bandwidth_samples", lambda: [20.0, 30.0, 12.0, 25.0, 16.0])
     monkeypatch.setattr(hostbench, "engine_matmul_gflops", lambda refresh=False: {"matmul_gflops": 50.0})
     profile = hostbench.host_profile()  # no engine bandwidth: the copy loop's figure
     assert profile["bandwidth_gbs"] == 30.0 and profile["probe_disturbed"] == ["copy"]
-    assert not list(tmp_path.rglob("bandwidth-*.json"))
-    monkeypatch.setattr(hostbench, "_PROBED", {})
+    (cached,) = tmp_path.rglob("bandwidth-*.json")
+    monkeypatch.setattr(hostbench, "_PROBED", {})  # another process, within the hour: no new probe
     monkeypatch.setattr(hostbench, "copy_bandwidth_samples", lambda: [20.0, 20.1, 19.9, 20.0, 20.05])
+    assert hostbench.host_profile()["probe_disturbed"] == ["copy"]
+    data = json.loads(cached.read_text())
+    data["measured_at_unix"] -= hostbench.DISTURBED_TTL_S + 1  # an hour later: probed again, steady this time
+    cached.write_text(json.dumps(data))
+    monkeypatch.setattr(hostbench, "_PROBED", {})
     assert hostbench.host_profile()["probe_disturbed"] == []
-    assert len(list(tmp_path.rglob("bandwidth-*.json"))) == 1
+    data = json.loads(cached.read_text())
+    data["measured_at_unix"] -= hostbench.DISTURBED_TTL_S + 1  # a steady figure lasts the week
+    cached.write_text(json.dumps(data))
+    monkeypatch.setattr(hostbench, "_PROBED", {})
+    monkeypatch.setattr(hostbench, "copy_bandwidth_samples", lambda: pytest.fail("a steady figure is not probed again"))
+    assert hostbench.host_profile()["bandwidth_gbs"] == 20.1
 
 
 def test_the_probe_figures_of_a_stored_run_are_the_probe_arithmetic():
