@@ -4,6 +4,8 @@
   device then falls back to its family or the engine scope, as an unmeasured GPU would;
 - leave-one-model-out (LOMO): for each model (a shrunk architecture counts as its own model), fit
   without it and predict it; its devices keep their device scopes, as a new model on a measured GPU;
+- leave-one-family-out (LOFO): for each device family, fit without its devices and predict them: the engine
+  scope with the physics prior, as a device of an unmeasured family gets;
 - leave-one-source-out (LOSO): for each source (``source_set``: one publisher's set of imported runs, or
   one measuring machine), fit without its runs and predict them: data neither fitted nor sharing a fitted
   run's setup, build or disturbances, as results from a new publisher would be;
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from calibration.dataset import QUANTITIES, Dataset, measured, predict
-from calibration.table import fit_table
+from calibration.table import _with_prior, fit_table
 from predictor.coefficients import Coefficients
 
 METRIC_QUANTITIES = ("decode", "prefill", "ttft", "memory")
@@ -86,17 +88,18 @@ def _holdout_predictions(dataset: Dataset, column: str, prior: Coefficients | No
     return out
 
 
-def _with_prior(table: dict[str, Any], prior: Coefficients | None) -> Coefficients:
-    """The fitted table as ``predict`` will read it: alone, or (a user's fit) its device scopes over the prior."""
-    return prior.with_devices_from(Coefficients(table)) if prior is not None else Coefficients(table)
-
-
 def leave_one_device_out(dataset: Dataset, prior: Coefficients | None = None) -> dict[str, np.ndarray]:
     return _holdout_predictions(dataset, "device_id", prior)
 
 
 def leave_one_model_out(dataset: Dataset, prior: Coefficients | None = None) -> dict[str, np.ndarray]:
     return _holdout_predictions(dataset, "model_key", prior)
+
+
+def leave_one_family_out(dataset: Dataset, prior: Coefficients | None = None) -> dict[str, np.ndarray]:
+    """Each device family (memory type / architecture) held out as a whole: its devices then take the engine
+    scope with the physics prior (:mod:`predictor.prior`), as a device of a family nobody measured would."""
+    return _holdout_predictions(dataset, "family", prior)
 
 
 def leave_one_source_out(dataset: Dataset, prior: Coefficients | None = None) -> dict[str, np.ndarray]:
@@ -118,9 +121,10 @@ def scored_rows(dataset: Dataset, quantity: str, include_noisy: bool = False) ->
 
 
 def error_metrics(dataset: Dataset, predictions: dict[str, np.ndarray]) -> dict[str, Any]:
-    """MAPE and p90 per quantity, overall, per engine and per device kind (gpu, unified, cpu)."""
+    """MAPE and p90 per quantity, overall, per engine, per device kind (gpu, unified, cpu) and per origin
+    (``imported``: the public results; ``measured``: runs of the harness)."""
     actual = measured(dataset)
-    out: dict[str, Any] = {"overall": {}, "engines": {}, "kinds": {}}
+    out: dict[str, Any] = {"overall": {}, "engines": {}, "kinds": {}, "origins": {}}
     for q in METRIC_QUANTITIES:
         block = dataset.blocks[_block_of(q)]
         errors = np.where(scored_rows(dataset, q), quantity_ape(q, predictions[q], actual[q]), np.nan)
@@ -131,6 +135,14 @@ def error_metrics(dataset: Dataset, predictions: dict[str, np.ndarray]) -> dict[
         kinds = block.meta["kind"].to_numpy()
         for kind in sorted({k for k in kinds if k}):
             out["kinds"].setdefault(kind, {})[q] = summarize_errors(errors[kinds == kind])
+        origin = np.where(block.meta["source"].to_numpy() == "imported", "imported", "measured")
+        for name in ("imported", "measured"):
+            out["origins"].setdefault(name, {})[q] = summarize_errors(errors[origin == name])
+            for kind in sorted({k for k in kinds if k}):
+                rows = (origin == name) & (kinds == kind)
+                if rows.any():
+                    out.setdefault("origin_kinds", {}).setdefault(name, {}).setdefault(kind, {})[q] = \
+                        summarize_errors(errors[rows])
     return out
 
 
@@ -143,6 +155,7 @@ def cross_validate(dataset: Dataset, table: dict[str, Any], prior: Coefficients 
         "in_sample": in_sample_predictions(dataset, table, prior),
         "lodo": leave_one_device_out(dataset, prior),
         "lomo": leave_one_model_out(dataset, prior),
+        "lofo": leave_one_family_out(dataset, prior),
         "loso": leave_one_source_out(dataset, prior),
     }
     metrics = {name: error_metrics(dataset, p) for name, p in predictions.items()}
@@ -190,5 +203,43 @@ def annotate(table: dict[str, Any], dataset: Dataset, cv: dict[str, Any]) -> dic
                 if isinstance(item, dict) and "quantity" in item:
                     item["cv_mape"] = mape.get(item["quantity"])
                     item["cv"] = source
+        for kind, entry in ((eng.get("physics") or {}).get("kinds") or {}).items():
+            band = {}
+            for q in METRIC_QUANTITIES:
+                meta = dataset.blocks[_block_of(q)].meta
+                rows = ((meta["engine"].to_numpy() == engine) & (meta["kind"].to_numpy() == kind)
+                        & scored_rows(dataset, q))
+                stats = summarize_errors(errors["lofo"][q][rows])
+                if stats["n"]:
+                    band[q] = stats["p90"]
+            if band:  # how far the prior has been off on families it was not fitted on
+                entry["error_band"] = band
+                entry["error_band_source"] = "p90 relative error, LOFO cross-validation"
+    table["default_error_band"] = default_error_bands(dataset)
     table["cross_validation"] = {name: m for name, m in cv["metrics"].items()}
     return table
+
+
+def default_error_bands(dataset: Dataset) -> dict[str, dict[str, Any]]:
+    """Per device kind, how far the uncalibrated engine defaults have been off: the p90 error of the defaults'
+    predictions of every scored run of that kind (any engine). A prediction with no fitted scope (vLLM on a
+    GPU, where no vLLM run exists) carries this band, so its uncertainty is stated, not left blank."""
+    actual = measured(dataset)
+    defaults = predict(dataset, Coefficients())
+    out: dict[str, dict[str, Any]] = {}
+    for q in ("decode", "prefill"):
+        meta = dataset.blocks[_block_of(q)].meta
+        errors = quantity_ape(q, defaults[q], actual[q])
+        for kind in sorted({k for k in meta["kind"].to_numpy() if k}):
+            rows = (meta["kind"].to_numpy() == kind) & scored_rows(dataset, q)
+            stats = summarize_errors(errors[rows])
+            if not stats["n"]:
+                continue
+            counts = meta.loc[rows, "engine"].value_counts()
+            entry = out.setdefault(kind, {"source": "p90 relative error of the uncalibrated engine defaults "
+                                                    f"(predictor/coefficients.py) on the scored {kind} runs:"})
+            entry[q] = stats["p90"]
+            entry["source"] += f" {q} " + ", ".join(f"{n} {engine}" for engine, n in counts.items()) + ";"
+    for entry in out.values():
+        entry["source"] = entry["source"].rstrip(";")
+    return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,8 @@ from calibration.features import (
 )
 from calibration.observations import Observations, load_observations
 from predictor.coefficients import Coefficients, CoefficientSet
+from predictor.devices import resolve_device
+from predictor.errors import BenchcalError
 
 QUANTITIES = ("decode", "prefill", "memory")
 MAX_REL_STD = 0.05  # a measurement whose repetitions spread more than 5% is not scored by default
@@ -131,19 +134,33 @@ def load_dataset(runs_dirs: str | os.PathLike[str] | Iterable[str | os.PathLike[
 # -------------------------------------------------------------------------------------- predicting
 
 
-def row_coefficient_sets(meta: pd.DataFrame, table: Coefficients) -> list[CoefficientSet | None]:
-    """The coefficient set ``predict`` would use for each row (None where the row has no device)."""
-    cache: dict[tuple[str, str, str], CoefficientSet] = {}
+def row_coefficient_sets(meta: pd.DataFrame, table: Coefficients, eras: bool = True) -> list[CoefficientSet | None]:
+    """The coefficient set ``predict`` would use for each row (None where the row has no device): with ``eras``,
+    the overlay of the row's own build era (``predict --engine-build`` with the run's build)."""
+    cache: dict[tuple, CoefficientSet] = {}
     out: list[CoefficientSet | None] = []
-    for engine, device, family in zip(meta["engine"], meta["device_id"], meta["family"], strict=True):
+    era_column = meta["era"] if eras and "era" in meta else [None] * len(meta)
+    kinds = meta["kind"] if "kind" in meta else [None] * len(meta)
+    for engine, device, family, era, kind in zip(meta["engine"], meta["device_id"], meta["family"], era_column,
+                                                 kinds, strict=True):
         if device is None:
             out.append(None)
             continue
-        key = (str(engine), str(device), str(family))
+        key = (str(engine), str(device), str(family), era if isinstance(era, str) else None,
+               kind if isinstance(kind, str) else None)
         if key not in cache:
-            cache[key] = table.lookup(*key)
+            cache[key] = table.lookup(*key, _catalogue_device(str(device)) if kind != "cpu" else None)
         out.append(cache[key])
     return out
+
+
+@cache
+def _catalogue_device(device_id: str):
+    """The catalogue device of a row (its memory type and rates feed the physics prior), None off-catalogue."""
+    try:
+        return resolve_device(device_id)
+    except BenchcalError:
+        return None
 
 
 def weights_for(block: Block, sets: list[CoefficientSet | None]) -> np.ndarray:

@@ -29,6 +29,7 @@ import pandas as pd
 
 from harness import record_tables, records
 from harness.hostinfo import record_host_id
+from predictor.eras import run_era
 from predictor.errors import BenchcalError
 
 DEFAULT_DECODE_PROMPT_TOKENS = 16  # the harness's decode prompt when a run has no prompt lengths
@@ -37,7 +38,7 @@ RUN_COLUMNS = (
     "id", "status", "reason", "source", "model", "arch_overrides", "model_key", "quant", "engine", "device",
     "device_count", "context", "batch", "kv_dtype", "n_gpu_layers", "flash_attn", "n_ubatch",
     "offload_fraction", "weights_bytes", "host_bandwidth_gbs", "host_matmul_gflops", "host_memory_gib", "host_id",
-    "engine_version", "quantized_matmul", "prediction_error", "pred_verdict", "excluded_from_fit", "source_set",
+    "engine_version", "era", "quantized_matmul", "prediction_error", "pred_verdict", "excluded_from_fit", "source_set",
     "path",
 )
 
@@ -201,6 +202,7 @@ def run_row(path: Path, record: dict[str, Any]) -> dict[str, Any]:
         "pred_verdict": (prediction.get("fit") or {}).get("verdict") if isinstance(prediction, dict) else None,
         "excluded_from_fit": json.dumps(prov["excluded_from_fit"]) if prov.get("excluded_from_fit") else "",
         "source_set": source_set(record),
+        "era": run_era(str(base["engine"]), base["engine_version"], prov.get("engine_commit")),
     })
     return {name: row[name] for name in RUN_COLUMNS}
 

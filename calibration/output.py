@@ -81,13 +81,16 @@ def _metrics_table(metrics: dict[str, Any]) -> list[str]:
     lines = ["| validation | decode MAPE / p90 | prefill MAPE / p90 | TTFT MAPE / p90 | memory MAPE / p90 |",
              "|---|---|---|---|---|"]
     labels = {"in_sample": "in-sample", "lomo": "leave one model out", "lodo": "leave one device out",
-              "loso": "leave one source out"}
-    for key in ("in_sample", "lomo", "lodo", "loso"):
+              "lofo": "leave one family out", "loso": "leave one source out"}
+    for key in ("in_sample", "lomo", "lodo", "lofo", "loso"):
         block = metrics.get(key) or {}
         groups = [("all runs", block.get("overall") or {})]
         kinds = block.get("kinds") or {}
         if len(kinds) > 1:
             groups += [(f"{kind} devices", kinds[kind]) for kind in sorted(kinds)]
+        imported = (block.get("origins") or {}).get("imported") or {}
+        if any((imported.get(q) or {}).get("n") for q in ("decode", "prefill")):
+            groups.append(("imported public results", imported))
         for label, by_q in groups:
             cells = []
             for q in ("decode", "prefill", "ttft", "memory"):
@@ -95,6 +98,31 @@ def _metrics_table(metrics: dict[str, Any]) -> list[str]:
                 cells.append(f"{_pct(m.get('mape'))} / {_pct(m.get('p90'))} (n={m.get('n', 0)})" if m.get("n") else "—")
             lines.append(f"| {labels[key]}, {label} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _era_section(table: dict[str, Any]) -> list[str]:
+    """Build eras (``predictor/data/engine_eras.json``): each era and device kind compared, and the era values kept."""
+    out: list[str] = []
+    for engine, eng in (table.get("engines") or {}).items():
+        checks = eng.get("era_checks") or []
+        if not checks:
+            continue
+        out += ["", f"## {engine} — build eras", "",
+                "Per era and device kind, the era terms (`era_terms` in `predictor/data/engine_eras.json`) refitted "
+                "on that era's runs with every other coefficient at the value a device nobody measured gets (its "
+                "family, else the engine scope), and the error of that fallback on the era's runs without and with "
+                "them. Kept (used by `predict --engine-build` and by default for the newest era) only where they "
+                "bring the runs closer: where the runs show a difference.", "",
+                "| kind | era | quantity | devices | fallback MAPE | with era values | kept |", "|---|---|---|---|---|---|---|"]
+        for c in checks:
+            out.append(f"| {c['kind']} | {c['era']} | {c['quantity']} | {', '.join(c.get('devices') or [])} "
+                       f"| {_pct(c['fallback_mape'])} | {_pct(c['era_mape'])} | {'yes' if c['kept'] else 'no'} |")
+        for era, item in (eng.get("eras") or {}).items():
+            for kind, values in (item.get("kinds") or {}).items():
+                shown = ", ".join(f"{k} = {_num(v['value'])}" for k, v in values.items()
+                                  if isinstance(v, dict) and "value" in v)
+                out.append(f"- era {era} ({item.get('label', '')}), {kind}: {shown}")
+    return out
 
 
 def to_markdown(table: dict[str, Any], runs_dirs: list[str] | None = None) -> str:
@@ -142,6 +170,7 @@ def to_markdown(table: dict[str, Any], runs_dirs: list[str] | None = None) -> st
         if notes:
             out.append("")
             out += [f"- `{coeff}`: {note}" for coeff, note in notes]
+    out += _era_section(table)
     out += ["", "## Engine defaults (used where nothing was fitted)", "",
             "| engine | coefficient | value | source |", "|---|---|---|---|"]
     for engine, defaults in ENGINE_DEFAULTS.items():

@@ -72,6 +72,7 @@ def _provenance(block: Block, rows: np.ndarray) -> dict[str, Any]:
         "devices": _distinct(meta["device_id"]),
         "models": _distinct(meta["model_key"]),
         "engine_versions": _distinct(meta["engine_version"]),
+        "eras": _distinct(meta["era"]) if "era" in meta else [],
     }
 
 
@@ -242,4 +243,24 @@ def fit_table(dataset: Dataset, masks: dict[str, np.ndarray] | None = None, *, n
                 eng["families"][scope.scope[7:]] = entry
             else:
                 eng["devices"][scope.scope[7:]] = entry
+        from calibration.overlays import (  # they read this module's helpers
+            fit_era_overlays,
+            fit_physics_prior,
+        )
+
+        physics = fit_physics_prior(eng, engine)
+        if physics:
+            eng["physics"] = physics
+        overlays, checks = fit_era_overlays(dataset, table, engine, masks, prior)
+        if overlays:
+            eng["eras"] = overlays
+        if checks:
+            eng["era_checks"] = checks
     return table
+
+
+def _with_prior(table: dict[str, Any], prior: Coefficients | None) -> Coefficients:
+    """The fitted table as ``predict`` will read it: alone, or (a user's fit) its device scopes over the prior."""
+    return prior.with_devices_from(Coefficients(table)) if prior is not None else Coefficients(table)
+
+

@@ -168,8 +168,8 @@ DEFAULT_SOURCE = "engine defaults (predictor/coefficients.py, uncalibrated)"
 class CoefficientSet:
     """The coefficients one prediction uses, with where they came from.
 
-    ``status`` is ``default`` or ``calibrated``; ``scope`` is ``engine``, ``family:<name>`` or
-    ``device:<id>``; ``uncertainty`` maps a coefficient name to a relative 1-sigma error (0.1 = 10%),
+    ``status`` is ``default`` or ``calibrated``; ``scope`` is ``engine``, ``family:<name>``, ``device:<id>`` or
+    ``prior:physics/<kind>`` (the engine scope with the physics prior's values); ``era`` the engine build era whose overlay was applied (None: builds pooled); ``uncertainty`` maps a coefficient name to a relative 1-sigma error (0.1 = 10%),
     and ``error_band`` maps a predicted quantity (decode, prefill, ttft, memory) to a relative error
     band from cross-validated residuals, when calibration provides them.
     """
@@ -182,16 +182,30 @@ class CoefficientSet:
     uncertainty: dict[str, float] = field(default_factory=dict)
     error_band: dict[str, float] = field(default_factory=dict)
     origin: dict[str, str] = field(default_factory=dict)  # coefficient -> scope it came from ("default" if none)
+    era: str | None = None
+    band_source: str = ""  # where error_band comes from
 
     def source_of(self, name: str) -> str:
         """Where one coefficient's value comes from: a calibrated scope of the table, or its default's source."""
         scope = self.origin.get(name, "default")
         if scope == "default":
             return "default: " + ENGINE_DEFAULTS[self.engine][name][1]
+        if scope.startswith("prior:"):
+            return (f"physics prior ({scope[6:]}): from the device's memory type and FLOPS/bandwidth ratio, "
+                    f"fitted on the measured devices: {self.source}")
         return f"calibrated ({scope}): {self.source}"
 
     def __getitem__(self, name: str) -> float:
         return self.values[name]
+
+
+def _entry_eras(engine: str, entry: dict[str, Any]) -> set[str | None]:
+    """The eras of the runs a coefficient was fitted on: its ``eras`` list, else read from its engine versions."""
+    if isinstance(entry.get("eras"), list):
+        return set(entry["eras"])
+    from predictor.eras import run_era
+
+    return {run_era(engine, version) for version in entry.get("engine_versions") or []}
 
 
 def _default_values(engine: str) -> dict[str, float]:
@@ -231,8 +245,18 @@ class Coefficients:
             return DEFAULT_SOURCE
         return str(self.table.get("source") or self.path or "coefficients file")
 
-    def lookup(self, engine: str, device_id: str, family: str) -> CoefficientSet:
-        """Coefficients for ``engine`` on a device: device -> family -> engine scope -> defaults."""
+    def lookup(self, engine: str, device_id: str, family: str, era: str | None = None,
+               kind: str | None = None, device: Any = None) -> CoefficientSet:
+        """Coefficients for ``engine`` on a device: device -> family -> engine scope -> defaults.
+
+        With ``era`` (an engine build era, :mod:`predictor.eras`) and the device's ``kind``, the table's overlay
+        for that era and kind (``engines.<engine>.eras.<era>.kinds.<kind>``) replaces each era term
+        (``era_terms``: the fixed times, prefill's matmul efficiency) that the chosen scope fitted on runs of
+        other eras too; a scope fitted on that era's runs alone keeps its own value.
+
+        With the catalogue ``device`` (its memory type, bandwidth and matmul rate), a device that has neither a
+        device nor a family scope takes the table's physics prior for its kind (:mod:`predictor.prior`) for
+        the coefficients the prior describes, instead of the engine scope's average."""
         if engine not in ENGINE_DEFAULTS:
             raise BenchcalError(f"unknown engine '{engine}' (choose from: {', '.join(ENGINES)})")
         values = _default_values(engine)
@@ -244,8 +268,12 @@ class Coefficients:
             ("device:" + device_id, (eng.get("devices") or {}).get(device_id)),
         ]
         used = [(scope, _plain(entry)) for scope, entry in scopes if entry]
-        if not used:
-            return CoefficientSet(engine, values)
+        if not used:  # engine defaults: the band is how far the defaults' model has been off on this kind
+            band = dict((self.table.get("default_error_band") or {}).get(kind or "") or {})
+            note = str(band.pop("source", ""))
+            return CoefficientSet(engine, values, error_band={k: float(v) for k, v in band.items()
+                                                              if k in ("decode", "prefill", "ttft", "memory")},
+                                  band_source=note)
         unc: dict[str, float] = {}
         bands: dict[str, float] = {}
         origin: dict[str, str] = {}
@@ -257,7 +285,52 @@ class Coefficients:
         # a device scope merged from the user's own table names that table as its source
         entries = dict(scopes)
         source = str((entries.get(used[-1][0]) or {}).get("source") or self.source)
-        return CoefficientSet(engine, values, "calibrated", used[-1][0], source, unc, bands, origin)
+        physics = (eng.get("physics") or {}).get("kinds", {}).get(kind or "") if device is not None else None
+        band_source = next((str(e.get("error_band_source")) for _, e in reversed(scopes)
+                            if e and e.get("error_band_source")), "")
+        if physics and used[-1][0] == "engine":
+            from predictor.prior import prior_values
+
+            prior = prior_values(physics, getattr(device, "memory_type", None), device.matmul_tflops(engine),
+                                 getattr(device, "bandwidth_gbs", None))
+            values.update(prior)
+            origin.update({name: f"prior:physics/{kind}" for name in prior})
+            for name in prior:
+                unc.pop(name, None)
+            bands = dict(physics.get("error_band") or bands)
+            band_source = str(physics.get("error_band_source") or "")
+            scope_name = f"prior:physics/{kind}" if prior else used[-1][0]
+        else:
+            scope_name = used[-1][0]
+        overlay = self.era_overlay(engine, era, kind) if era and kind else {}
+        applied = None
+        from predictor.eras import era_terms
+
+        for name, item in overlay.items():
+            if name not in era_terms(engine) or not isinstance(item, dict) or not item.get("identified", True):
+                continue
+            own = (entries.get(origin.get(name, "")) or {}).get(name)
+            if isinstance(own, dict) and _entry_eras(engine, own) == {era}:
+                continue  # fitted on this era's runs alone
+            values[name] = float(item["value"])
+            origin[name] = f"era:{era}/{kind}"
+            applied = era
+            if item.get("uncertainty") is not None and item["value"]:
+                unc[name] = abs(float(item["uncertainty"]) / float(item["value"]))
+        return CoefficientSet(engine, values, "calibrated", scope_name, source, unc, bands, origin, applied,
+                              band_source)
+
+    def era_overlay(self, engine: str, era: str | None, kind: str | None) -> dict[str, Any]:
+        """The era terms fitted for ``era`` on devices of ``kind`` (empty when the table has none)."""
+        eras = ((self.table.get("engines") or {}).get(engine) or {}).get("eras") or {}
+        return dict(((eras.get(era or "") or {}).get("kinds") or {}).get(kind or "") or {})
+
+    def newest_era(self, engine: str, kind: str) -> str | None:
+        """The newest era (catalogue order) with an overlay for ``kind``: what ``predict`` uses by default."""
+        from predictor.eras import eras
+
+        fitted = [e.id for e in eras(engine) if self.era_overlay(engine, e.id, kind)]
+        return fitted[-1] if fitted else None
 
     def host_figures(self, engine: str, device_id: str) -> dict[str, Any] | None:
         """The probe figures a CPU host's coefficients were fitted against (``bandwidth_gbs``, ``matmul_gflops``),

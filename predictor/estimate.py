@@ -24,6 +24,7 @@ from predictor.coefficients import (
     load_coefficients,
 )
 from predictor.devices import Device, resolve_device
+from predictor.eras import era_description, era_for_build
 from predictor.errors import BenchcalError, non_negative, positive
 from predictor.models import resolve_model
 from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype, resolve_quant
@@ -278,6 +279,7 @@ class Estimate:
     host_bandwidth_gbs: float
     throughput_offload_fraction: float = 0.0  # the offload the speeds assume (the recommended one when needed)
     launch: dict[str, str] = field(default_factory=dict)
+    era: dict[str, Any] = field(default_factory=dict)  # the engine build era used (see era_description)
 
     @property
     def weights_bits_per_weight(self) -> float | None:
@@ -354,9 +356,10 @@ class Estimate:
             },
             "calibration": {
                 "status": c.status, "scope": c.scope, "source": c.source,
-                "error_band": dict(c.error_band), "note": host_calibration_note(self.device.kind, self.device.id, c.scope),
+                "error_band": dict(c.error_band), "error_band_source": c.band_source, "note": host_calibration_note(self.device.kind, self.device.id, c.scope),
                 "coefficients": {k: c.values[k] for k in sorted(c.values)},
                 "coefficient_sources": {k: c.source_of(k) for k in sorted(c.values)},
+                "era": dict(self.era),
             },
             "launch": dict(self.launch),
         }
@@ -406,13 +409,15 @@ def predict(
     host_memory_gib: float | None = None,
     enforce_eager: bool = False,
     launch: bool = True,
+    engine_build: str | int | None = None,
 ) -> Estimate:
     """Predict memory, fit and throughput for one configuration.
 
     ``device`` is a catalogue id/name or a :class:`Device` (use ``predictor.devices.cpu_device`` for
     the host CPU). ``quant`` defaults to the GGUF's own type or Q4_K_M (llama.cpp) / BF16 (vLLM).
     ``coefficients``: a path, a loaded table, ``None`` for engine defaults, or ``"default"`` for the
-    committed calibration table when present.
+    committed calibration table when present. ``engine_build``: the engine build (llama.cpp build number) or
+    version (vLLM) to predict for; its era's fitted values are used (default: the newest era with data).
     """
     eng = normalize_engine(engine)
     arch = model if isinstance(model, ModelArch) else resolve_model(model)
@@ -441,7 +446,8 @@ def predict(
         table = default_coefficients()
     else:
         table = load_coefficients(coefficients)
-    cset = table.lookup(eng, dev.id, dev.family)
+    era = era_for_build(eng, engine_build).id if engine_build is not None else table.newest_era(eng, dev.kind)
+    cset = table.lookup(eng, dev.id, dev.family, era, dev.kind, dev)
     exact, weights_source = known_weights_bytes(arch, q, eng)
     require_bits(q, exact)
     expert_bits, other_bits = format_bits(arch, q, eng)
@@ -482,6 +488,7 @@ def predict(
         device_count=int(device_count), prompt_tokens=int(prompt_tokens), offload_fraction=float(offload_fraction),
         flash_attn=bool(flash_attn), n_ubatch=int(n_ubatch), coefficients=cset, values=scalars,
         weights_source=weights_source, host_bandwidth_gbs=host_bw, throughput_offload_fraction=throughput_offload,
+        era=era_description(eng, dev.kind, era, engine_build, cset),
     )
     if launch:
         from predictor.launch import launch_commands  # local: launch builds a sibling prediction

@@ -19,8 +19,9 @@ from predictor.weights import cpu_kernel_kwargs, format_bits, known_weights_byte
 
 
 def coefficient_arrays(table: Coefficients, engine: str, devices: Sequence[Device]) -> dict[str, np.ndarray]:
-    """Per-device coefficient arrays (device -> family -> engine -> default, as ``lookup``)."""
-    sets = [table.lookup(engine, d.id, d.family) for d in devices]
+    """Per-device coefficient arrays (device -> family -> engine -> default, as ``lookup``, with the newest era
+    fitted for the device's kind, as ``predict`` by default)."""
+    sets = [table.lookup(engine, d.id, d.family, table.newest_era(engine, d.kind), d.kind, d) for d in devices]
     return {name: np.array([s.values[name] for s in sets], dtype=float) for name in COEFFICIENT_NAMES}
 
 

@@ -108,8 +108,10 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     rep.add("Calibration", "kv", [
         ["Status", cal["status"], ""],
         ["Scope", cal["scope"], ""],
+        ["Engine build era", cal["era"]["note"], ""],
         *([["Host", cal["note"], ""]] if cal.get("note") else []),
-        ["Error band", ", ".join(f"{k} ±{v * 100:.0f}%" for k, v in band.items()) or "— (uncalibrated)", ""],
+        ["Error band", ", ".join(f"{k} ±{v * 100:.0f}%" for k, v in band.items()) or "— (uncalibrated)",
+         cal.get("error_band_source") or ""],
         *[[k, f"{v:g}", cal["coefficient_sources"][k]] for k, v in cal["coefficients"].items()
           if (est.engine == "vllm" or not k.startswith("vllm_"))
           and (k != "decode_dequant_flops_per_byte" or est.device.kind in ("unified", "cpu"))  # where they act
@@ -122,6 +124,7 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     rows, xs, totals, decodes = [], [], [], []
     for ctx in contexts_for(est.model):
         e = predict(est.model, est.device, est.quant.id, ctx, est.engine, prompt_tokens=ctx, batch=est.batch,
+                    engine_build=est.era.get("build"),
                     kv_dtype=est.kv_dtype, device_count=est.device_count, offload_fraction=est.offload_fraction,
                     flash_attn=est.flash_attn, n_ubatch=est.n_ubatch, coefficients=table or "default",
                     host_bandwidth_gbs=est.host_bandwidth_gbs, launch=False)

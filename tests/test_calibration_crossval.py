@@ -129,7 +129,8 @@ def test_cross_validate_reports_loso(sourced_dir):
     dataset = load_dataset(sourced_dir)
     table = crossval.fit_table(dataset)
     cv = crossval.cross_validate(dataset, table)
-    assert set(cv["predictions"]) == {"in_sample", "lodo", "lomo", "loso"}
+    assert set(cv["predictions"]) == {"in_sample", "lodo", "lomo", "lofo", "loso"}
     assert cv["metrics"]["loso"]["overall"]["decode"]["n"] == len(dataset.blocks["decode"])
     table = crossval.annotate(table, dataset, cv)
     assert "leave one source out, all runs" in to_markdown(table)
+    assert "leave one family out, all runs" in to_markdown(table)

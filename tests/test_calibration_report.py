@@ -41,7 +41,7 @@ def test_calibrate_writes_json_csv_and_markdown(calibrated):
     assert cset.status == "calibrated" and cset.scope == "device:rtx-4090"
     assert set(cset.error_band) >= {"decode", "prefill", "memory"}
     doc = json.loads((root / "out" / "coefficients.json").read_text())
-    assert set(doc["cross_validation"]) == {"in_sample", "lodo", "lomo", "loso"}
+    assert set(doc["cross_validation"]) == {"in_sample", "lodo", "lomo", "lofo", "loso"}
     rows = list(csv.DictReader((root / "out" / "coefficients.csv").open()))
     assert {"decode_bw_efficiency", "runtime_fixed_gib"} <= {r["coefficient"] for r in rows}
     assert all(r["n_runs"] for r in rows)

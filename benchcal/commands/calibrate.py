@@ -89,10 +89,14 @@ def cmd_calibrate(args) -> int:
         print(f"wrote {path}")
     metrics = table.get("cross_validation") or {}
     for name, label in (("in_sample", "in-sample"), ("lomo", "leave-one-model-out"), ("lodo", "leave-one-device-out"),
-                        ("loso", "leave-one-source-out")):
+                        ("lofo", "leave-one-family-out"), ("loso", "leave-one-source-out")):
         overall = (metrics.get(name) or {}).get("overall") or {}
         parts = [f"{q} MAPE {100 * m['mape']:.1f}% (n={m['n']})" for q, m in overall.items() if m.get("n")]
         print(f"{label}: " + ("; ".join(parts) if parts else "not enough data"))
+    imported = ((metrics.get("loso") or {}).get("origins") or {}).get("imported") or {}
+    parts = [f"{q} MAPE {100 * m['mape']:.1f}% (n={m['n']})" for q, m in imported.items() if m.get("n")]
+    if parts:
+        print("leave-one-source-out, imported public results: " + "; ".join(parts))
     return 0
 
 

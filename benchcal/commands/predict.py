@@ -8,6 +8,7 @@ from pathlib import Path
 
 from predictor.coefficients import Coefficients, default_coefficients, load_coefficients
 from predictor.devices import Device, load_devices, resolve_device
+from predictor.eras import era_for_build
 from predictor.errors import BenchcalError, positive
 from predictor.estimate import predict, require_context
 from predictor.models import load_catalogue, resolve_model
@@ -81,6 +82,8 @@ def emit(text: str, args) -> None:
 
 
 def cmd_predict(args) -> int:
+    if args.engine_build is not None:  # validated before the host probe or any prediction runs
+        era_for_build(normalize_engine(args.engine), args.engine_build)
     table = _table(args)
     dev = resolve_gpu(args, table)
     est = predict(
@@ -88,7 +91,7 @@ def cmd_predict(args) -> int:
         prompt_tokens=args.prompt, batch=args.batch, kv_dtype=args.kv_dtype, device_count=args.gpus,
         offload_fraction=args.offload, flash_attn=not args.no_flash_attn, n_ubatch=args.n_ubatch,
         coefficients=table, host_bandwidth_gbs=args.host_bw_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else None),
-        host_memory_gib=args.host_mem_gib,
+        host_memory_gib=args.host_mem_gib, engine_build=args.engine_build,
     )
     emit(render(predict_report(est, table), args.format), args)
     return 0
@@ -161,6 +164,9 @@ def register(sub) -> None:
     p.add_argument("--n-ubatch", type=int, default=512, help="llama.cpp physical batch (default 512)")
     p.add_argument("--host-bw-gbs", type=float, default=None, help="host RAM bandwidth for offloaded layers, GB/s")
     p.add_argument("--host-mem-gib", type=float, default=None, help="host RAM available for offload, GiB (default 64)")
+    p.add_argument("--engine-build", default=None, help="engine build to predict for: a llama.cpp build number "
+                   "(7474 or b7474) or a vLLM version; its era's fitted values are used (default: the newest era "
+                   "with data; eras in predictor/data/engine_eras.json)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("leaderboard", help="every device: status, total/usable, decode, TTFT, max safe context",

@@ -1,0 +1,179 @@
+"""What the table adds over its scopes: the physics prior for devices of unmeasured families
+(:mod:`predictor.prior`) and the per-era values of the era terms (:mod:`predictor.eras`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from calibration.dataset import Block, Dataset
+from calibration.fit import fit_terms
+from calibration.table import _distinct, _round, _with_prior
+from predictor.coefficients import Coefficients
+
+MIN_PRIOR_DEVICES = 4  # a regression on device figures from fewer devices than this is not a prior
+
+
+def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
+    """The physics prior (:mod:`predictor.prior`) per device kind, from the device scopes just fitted: the
+    median bandwidth efficiency per memory class, and the prefill efficiency's log-linear fall with the
+    device's FLOPS per byte. Only identified device values count; CPUs (probed, not catalogued) are left out."""
+    from predictor.devices import resolve_device
+    from predictor.errors import BenchcalError
+    from predictor.prior import flops_per_byte, memory_class
+
+    points: dict[str, list[tuple[str, Any, dict[str, Any]]]] = {}
+    for device_id, entry in (eng.get("devices") or {}).items():
+        try:
+            device = resolve_device(device_id)
+        except BenchcalError:
+            continue
+        if device.kind != "cpu":
+            points.setdefault(device.kind, []).append((device_id, device, entry))
+    out: dict[str, Any] = {}
+    for kind, rows in sorted(points.items()):
+        bw = [(d, dev, float(e["decode_bw_efficiency"]["value"])) for d, dev, e in rows
+              if (e.get("decode_bw_efficiency") or {}).get("identified")]
+        fl = [(d, math.log(float(e["prefill_compute_efficiency"]["value"])),
+               math.log(flops_per_byte(dev.matmul_tflops(engine), dev.bandwidth_gbs)))
+              for d, dev, e in rows if (e.get("prefill_compute_efficiency") or {}).get("identified")
+              and flops_per_byte(dev.matmul_tflops(engine), dev.bandwidth_gbs)]
+        entry: dict[str, Any] = {}
+        classes: dict[str, list[tuple[str, float]]] = {}
+        for d, dev, value in bw:
+            classes.setdefault(memory_class(dev.memory_type), []).append((d, value))
+        # a kind whose measured devices share one memory class gains nothing over its engine scope's fit
+        if len(bw) >= MIN_PRIOR_DEVICES and sum(len(items) >= 2 for items in classes.values()) >= 2:
+            entry["decode_bw_efficiency"] = {
+                "all": {"value": _round(float(np.median([v for _, _, v in bw]))), "devices": sorted(d for d, _, _ in bw)},
+                "by_memory_class": {cls: {"value": _round(float(np.median([v for _, v in items]))),
+                                          "devices": sorted(d for d, _ in items)}
+                                    for cls, items in sorted(classes.items()) if len(items) >= 2},
+                "rule": "median of the measured devices of the same memory class (two or more), else of all"}
+        if len(fl) >= MIN_PRIOR_DEVICES:
+            x = np.array([r for _, _, r in fl])
+            y = np.array([v for _, v, _ in fl])
+            slope, intercept = np.polyfit(x, y, 1)
+            if slope > 0:  # efficiency does not rise with FLOPS per byte: a flat prior, the median
+                slope, intercept = 0.0, float(np.median(y))
+            entry["prefill_compute_efficiency"] = {
+                "log_intercept": _round(float(intercept)), "log_slope": _round(float(slope)),
+                "ratio_range": [_round(float(np.exp(x.min()))), _round(float(np.exp(x.max())))],
+                "devices": sorted(d for d, _, _ in fl),
+                "rule": "exp(log_intercept + log_slope * ln(r)), r = matmul TFLOPS / bandwidth GB/s clipped to the "
+                        "measured devices' range, least squares in log space (slope at most 0)"}
+        if entry:
+            out.setdefault("kinds", {})[kind] = entry
+    return out
+
+
+MIN_ERA_DEVICES = 2  # an era's values describe its kernels, not one device: fitted from two devices or more
+
+
+def _mape(predicted: np.ndarray, actual: np.ndarray) -> float:
+    return float(np.mean(np.abs(actual / predicted - 1.0)))  # on rates: tokens/s measured vs predicted
+
+
+def fit_era_overlays(dataset: Dataset, table: dict[str, Any], engine: str,
+                     masks: dict[str, np.ndarray] | None = None,
+                     prior: Coefficients | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Per build era (:mod:`predictor.eras`) and device kind, the era terms (``era_terms``) refitted on that
+    era's runs, every other coefficient held at the value the table gives each run's device.
+
+    Fitted only for a kind whose runs span two eras or more (else the table's own scopes already describe the
+    one era), and kept only where the era's values bring its runs closer than the pooled table does (the
+    runs show a difference); each overlay records both errors. ``Coefficients.lookup`` applies an overlay to a
+    device whose own scope was not fitted on that era alone. Returns (overlays, checks): ``checks`` lists every
+    (kind, era, quantity) compared, kept or not, with both errors."""
+    from predictor.eras import era_terms, eras
+
+    names = era_terms(engine)
+    if not names:
+        return {}, []
+    pooled = _with_prior(table, prior)
+    out: dict[str, Any] = {}
+    checks: list[dict[str, Any]] = []
+    for kind in ("gpu", "unified", "cpu"):
+        rows_of: dict[str, np.ndarray] = {}
+        for quantity in ("decode", "prefill"):
+            block = dataset.blocks[quantity]
+            meta = block.meta
+            mask = ((meta["engine"].to_numpy() == engine) & (meta["kind"].to_numpy() == kind) & block.fittable
+                    & (masks[quantity] if masks else True))
+            rows_of[quantity] = mask
+        present = {e for q in rows_of for e in dataset.blocks[q].meta["era"].to_numpy()[rows_of[q]] if e}
+        if len(present) < 2:
+            continue
+        for era in eras(engine):
+            if era.id not in present:
+                continue
+            entry: dict[str, Any] = {}
+            errors: dict[str, dict[str, float]] = {}
+            for quantity in ("decode", "prefill"):
+                block = dataset.blocks[quantity]
+                rows = np.flatnonzero(rows_of[quantity] & (block.meta["era"].to_numpy() == era.id))
+                fitted, err = _fit_era_terms(block, rows, pooled, names)
+                if fitted:
+                    entry.update(fitted)
+                    errors[quantity] = err
+            kept = {q: e for q, e in errors.items() if e["era"] < e["pooled"]}
+            checks += [{"kind": kind, "era": era.id, "quantity": q, "fallback_mape": e["pooled"],
+                        "era_mape": e["era"], "kept": q in kept,
+                        "devices": sorted({d for item in entry.values() if item["quantity"] == q
+                                           for d in item["devices"]})} for q, e in errors.items()]
+            entry = {n: item for n, item in entry.items() if item["quantity"] in kept}
+            if entry:
+                out.setdefault(era.id, {"label": era.label, "kinds": {}})["kinds"][kind] = {
+                    **entry, "in_era_mape": {q: kept[q] for q in kept}}
+    return out, checks
+
+
+def _fit_era_terms(block: Block, rows: np.ndarray, pooled: Coefficients,
+                   names: tuple[str, ...]) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
+    """Fit the era terms of one quantity on ``rows``, the others held per row at the values a device nobody
+    measured gets (its family, else the engine scope); (entries, in-era MAPEs of that fallback without and with
+    the era's values)."""
+    from calibration.dataset import row_coefficient_sets, weights_for
+    from calibration.features import Features, combine
+
+    terms = block.features.terms
+    free = [j for j, t in enumerate(terms) if t.name in names]
+    if len(rows) < 3 or not free:
+        return {}, {}
+    # what a device nobody measured gets: its family's (else the engine's) pooled values, no era overlay
+    sets = row_coefficient_sets(block.meta.iloc[rows].assign(device_id="\0none"), pooled, eras=False)
+    weights = weights_for(block, sets)  # (len(rows), terms): the pooled fallback's weights per run
+    ok = np.all(np.isfinite(weights), axis=1)
+    rows, weights = rows[ok], weights[ok]
+    if len(rows) < 3:
+        return {}, {}
+    held = np.array([j not in free for j in range(len(terms))])
+    x = block.features.x[rows].copy()
+    x[:, held] *= weights[:, held]  # a held term enters at its run's own weight: start weight 1
+    local = Features(block.quantity, terms, block.features.offset[rows], x, np.ones(len(rows), bool))
+    start = np.where(held, 1.0, np.median(weights, axis=0))
+    index = np.arange(len(rows))
+    y = block.y[rows]
+    cpu = bool(np.all(block.meta["kind"].to_numpy()[rows] == "cpu"))
+    fit = fit_terms(local, index, y, start, cpu=cpu, held=tuple(t.name for j, t in enumerate(terms) if held[j]))
+    meta = block.meta.iloc[rows]
+    if not any(fit.fitted[j] for j in free) or meta["device_id"].nunique() < MIN_ERA_DEVICES:
+        return {}, {}
+    if any(fit.fitted[j] and terms[j].value(fit.weights[j]) < 0 for j in free):
+        return {}, {}  # a negative fixed time beside other devices' per-layer terms: not physical
+    plain = Features(block.quantity, terms, block.features.offset[rows], block.features.x[rows],
+                     np.ones(len(rows), bool))
+    errors = {"pooled": _round(_mape(combine(plain, weights), y)),
+              "era": _round(_mape(combine(local, np.tile(fit.weights, (len(rows), 1))), y))}
+    entries = {}
+    for j in free:
+        if not fit.fitted[j]:
+            continue
+        entries[terms[j].name] = {
+            "value": _round(float(terms[j].value(fit.weights[j]))), "identified": True, "quantity": block.quantity,
+            "n_runs": int(meta["id"].nunique()), "n_points": int(len(rows)), "devices": _distinct(meta["device_id"]),
+            "models": _distinct(meta["model_key"]), "engine_versions": _distinct(meta["engine_version"]),
+            "n_trimmed": fit.n_trimmed}
+    return entries, errors

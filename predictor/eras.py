@@ -1,0 +1,142 @@
+"""Engine build eras: which era a build belongs to, read from ``predictor/data/engine_eras.json``.
+
+llama.cpp changes its kernels often (CUDA graphs, MMQ, flash-attention kernels, Metal rewrites), so the
+coefficients that describe kernels rather than the device (the fixed times per step and per layer, prefill's
+matmul efficiency: the file's ``era_terms``) are fitted per era where the runs show a difference
+(``calibration.table.fit_era_overlays``). Each era is a range of build numbers with the change that marks
+its start and how its boundary was placed. A run's build comes from its ``engine_version``
+("llama.cpp build 2824 (4426e298)") or, for llama-cpp-python, from the llama.cpp commit it vendors
+(``provenance.engine_commit``, looked up in the file's ``vendored`` table).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from pathlib import Path
+from typing import Any
+
+from predictor.errors import BenchcalError
+
+ERAS_PATH = Path(__file__).with_name("data") / "engine_eras.json"
+_BUILD = re.compile(r"\bbuild\s+(\d+)\b")
+_VERSION = re.compile(r"^\s*(?:vllm\s+)?v?(\d+)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class Era:
+    """One era of an engine: builds (llama.cpp) or versions (vLLM) in ``[start, end)``; ``end`` None: open."""
+
+    engine: str
+    id: str
+    start: tuple[int, ...]
+    end: tuple[int, ...] | None
+    label: str
+    marked_by: str
+    boundary_basis: str
+
+    def contains(self, key: tuple[int, ...]) -> bool:
+        return self.start <= key and (self.end is None or key < self.end)
+
+
+def _version_key(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in str(text).split("."))
+
+
+@lru_cache(maxsize=1)
+def _catalogue() -> dict:
+    return json.loads(ERAS_PATH.read_text(encoding="utf-8"))
+
+
+@cache
+def eras(engine: str) -> tuple[Era, ...]:
+    """The eras of ``engine``, oldest first (empty for an engine the file does not list)."""
+    entry = (_catalogue().get("engines") or {}).get(engine) or {}
+    out = []
+    for item in entry.get("eras") or []:
+        if "from_build" in item:
+            start, end = (int(item["from_build"]),), (int(item["until_build"]),) if item.get("until_build") else None
+        else:
+            start = _version_key(item["from_version"])
+            end = _version_key(item["until_version"]) if item.get("until_version") else None
+        out.append(Era(engine, str(item["id"]), start, end, str(item.get("label") or ""),
+                       str(item.get("marked_by") or ""), str(item.get("boundary_basis") or "")))
+    return tuple(out)
+
+
+def era_terms(engine: str) -> tuple[str, ...]:
+    """The coefficients fitted per era for ``engine`` (none for an engine without eras)."""
+    return tuple(((_catalogue().get("engines") or {}).get(engine) or {}).get("era_terms") or ())
+
+
+def build_number(engine_version: str | None, engine_commit: str | None = None) -> int | None:
+    """llama.cpp build number of a run: from "llama.cpp build N (...)", else from the vendored commit."""
+    match = _BUILD.search(str(engine_version or ""))
+    if match:
+        return int(match.group(1))
+    commits = ((((_catalogue().get("engines") or {}).get("llama.cpp") or {}).get("vendored") or {})
+               .get("commits") or {})
+    commit = str(engine_commit or "").strip().lower()
+    for known, item in commits.items():
+        if commit and (commit.startswith(known) or known.startswith(commit)) and len(commit) >= 7:
+            return int(item["build"])
+    return None
+
+
+def era_of_key(engine: str, key: tuple[int, ...] | None) -> Era | None:
+    if key is None:
+        return None
+    return next((era for era in eras(engine) if era.contains(key)), None)
+
+
+def run_era(engine: str, engine_version: str | None, engine_commit: str | None = None) -> str | None:
+    """The era id of a run (None when its build or version is unknown)."""
+    if engine == "llama.cpp":
+        build = build_number(engine_version, engine_commit)
+        era = era_of_key(engine, (build,) if build is not None else None)
+    else:
+        match = _VERSION.search(str(engine_version or ""))
+        era = era_of_key(engine, (int(match.group(1)), int(match.group(2))) if match else None)
+    return era.id if era else None
+
+
+def era_for_build(engine: str, build: str | int) -> Era:
+    """The era of a build given on the command line (llama.cpp: a build number such as 7474 or b7474; vLLM:
+    a version such as 0.10.1). Raises BenchcalError for text that is neither."""
+    text = str(build).strip()
+    if engine == "llama.cpp":
+        digits = text[1:] if text[:1] in ("b", "B") else text
+        if not digits.isdigit():
+            raise BenchcalError(f"--engine-build: '{build}' is not a llama.cpp build number (e.g. 7474 or b7474)")
+        era = era_of_key(engine, (int(digits),))
+    else:
+        match = _VERSION.search(text)
+        if not match:
+            raise BenchcalError(f"--engine-build: '{build}' is not a {engine} version (e.g. 0.10.1)")
+        era = era_of_key(engine, (int(match.group(1)), int(match.group(2))))
+    if era is None:
+        raise BenchcalError(f"--engine-build: no {engine} era covers '{build}' (see predictor/data/engine_eras.json)")
+    return era
+
+
+def era_by_id(engine: str, era_id: str) -> Era | None:
+    return next((era for era in eras(engine) if era.id == era_id), None)
+
+
+def era_description(engine: str, kind: str, era: str | None, build: str | int | None,
+                    cset: Any) -> dict[str, Any]:
+    """Which engine build era a prediction used (``cset``: its CoefficientSet): ``{id, label, build, applied,
+    note}``."""
+    found = era_by_id(engine, era) if era else None
+    if cset.era:
+        terms = sorted(k for k, v in cset.origin.items() if v.startswith("era:"))
+        note = f"era {cset.era} ({found.label if found else ''}): {', '.join(terms)} fitted on that era's {kind} runs"
+    elif era:
+        note = (f"era {era} ({found.label if found else ''}): no values fitted for this era on {kind} devices "
+                "(its runs show no difference, or there are none); coefficients pooled over every build measured")
+    else:
+        note = f"no era fitted for {engine} on {kind} devices; coefficients pooled over every build measured"
+    return {"id": era, "label": found.label if found else None, "build": None if build is None else str(build),
+            "applied": bool(cset.era), "note": note}

@@ -1,0 +1,124 @@
+"""Engine build eras: the catalogue, a run's era, the era overlay of a coefficient table, predict --engine-build."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from benchcal.cli import main
+from calibration.dataset import load_dataset
+from calibration.overlays import fit_era_overlays
+from calibration.table import fit_table
+from predictor.coefficients import Coefficients
+from predictor.eras import build_number, era_for_build, era_terms, eras, run_era
+from predictor.errors import BenchcalError
+from predictor.estimate import predict
+
+RUNS = "runs"
+
+
+def test_every_era_names_what_marks_it_and_how_its_boundary_was_placed():
+    for engine in ("llama.cpp", "vllm"):
+        found = eras(engine)
+        assert found, engine
+        for era in found:
+            assert era.marked_by and era.boundary_basis and era.label, era
+        for older, newer in zip(found, found[1:]):
+            assert older.end == newer.start  # contiguous, oldest first
+        assert found[-1].end is None  # the newest era is open
+    assert set(era_terms("llama.cpp")) <= {"decode_fixed_ms", "decode_fixed_per_layer_us", "prefill_fixed_ms",
+                                           "prefill_compute_efficiency"}
+    assert era_terms("vllm") == ()
+
+
+def test_a_runs_build_comes_from_its_version_or_from_the_commit_llama_cpp_python_vendors():
+    assert build_number("llama.cpp build 2824 (4426e298)") == 2824
+    assert build_number("llama-cpp-python 0.3.36 (libllama 0.5.0-dev)", "0c1e57098") == 11312
+    assert build_number("llama-cpp-python 0.3.36 (libllama 0.5.0-dev)", "deadbeef1") is None
+    assert run_era("llama.cpp", "llama.cpp build 2824 (4426e298)") == "2024"
+    assert run_era("llama.cpp", "llama.cpp build 7474 (f9ec8858e)") == "2025"
+    assert run_era("llama.cpp", "llama-cpp-python 0.3.36", "0c1e57098") == "2025"
+    assert run_era("vllm", "0.32.0") == "v1" and run_era("vllm", "0.6.3") == "v0"
+    assert run_era("llama.cpp", None) is None
+
+
+def test_a_build_on_the_command_line_is_validated():
+    assert era_for_build("llama.cpp", "b7474").id == "2025" and era_for_build("llama.cpp", 2800).id == "2024"
+    assert era_for_build("vllm", "0.10.1").id == "v1"
+    for engine, bad in (("llama.cpp", "latest"), ("llama.cpp", "b12x"), ("vllm", "new")):
+        with pytest.raises(BenchcalError):
+            era_for_build(engine, bad)
+
+
+def _entry(value: float, era: str) -> dict:
+    return {"value": value, "identified": True, "eras": [era]}
+
+
+TABLE = {"schema_version": 1, "engines": {"llama.cpp": {
+    "default": {"decode_fixed_per_layer_us": {"value": 115.0, "identified": True, "eras": ["2024", "2025"]},
+                "decode_bw_efficiency": {"value": 0.9, "identified": True, "eras": ["2024", "2025"]}},
+    "families": {},
+    "devices": {"old-gpu": {"decode_fixed_per_layer_us": _entry(120.0, "2024"),
+                            "decode_bw_efficiency": _entry(0.8, "2024")},
+                "new-gpu": {"decode_fixed_per_layer_us": _entry(20.0, "2025")}},
+    "eras": {"2025": {"label": "builds from 3000", "kinds": {"gpu": {
+        "decode_fixed_per_layer_us": {"value": 30.0, "identified": True},
+        "decode_bw_efficiency": {"value": 0.1, "identified": True}}}}},  # not an era term: never applied
+}}}
+
+
+def test_an_era_overlay_replaces_era_terms_fitted_on_other_builds_only():
+    table = Coefficients(TABLE)
+    pooled = table.lookup("llama.cpp", "old-gpu", "x")
+    assert pooled["decode_fixed_per_layer_us"] == 120.0 and pooled.era is None
+    old = table.lookup("llama.cpp", "old-gpu", "x", "2025", "gpu")  # measured on 2024 builds only
+    assert old["decode_fixed_per_layer_us"] == 30.0 and old.origin["decode_fixed_per_layer_us"] == "era:2025/gpu"
+    assert old["decode_bw_efficiency"] == 0.8  # a device property: the device's own
+    assert old.era == "2025"
+    new = table.lookup("llama.cpp", "new-gpu", "x", "2025", "gpu")  # measured on 2025 builds alone: its own
+    assert new["decode_fixed_per_layer_us"] == 20.0 and new.era is None
+    unmeasured = table.lookup("llama.cpp", "other", "x", "2025", "gpu")  # engine scope mixes eras: replaced
+    assert unmeasured["decode_fixed_per_layer_us"] == 30.0
+    assert table.lookup("llama.cpp", "other", "x", "2025", "unified")["decode_fixed_per_layer_us"] == 115.0
+    assert table.newest_era("llama.cpp", "gpu") == "2025" and table.newest_era("llama.cpp", "cpu") is None
+
+
+def test_predict_says_which_era_it_used(tmp_path):
+    table = Coefficients(TABLE)
+    newest = predict("llama-3-8b", "rtx-4090", "Q4_K_M", 4096, coefficients=table, launch=False)
+    assert newest.era["id"] == "2025" and newest.era["applied"]
+    assert newest.coefficients["decode_fixed_per_layer_us"] == 30.0
+    old = predict("llama-3-8b", "rtx-4090", "Q4_K_M", 4096, coefficients=table, launch=False, engine_build=2824)
+    assert old.era["id"] == "2024" and not old.era["applied"] and "no values fitted for this era" in old.era["note"]
+    assert old.coefficients["decode_fixed_per_layer_us"] == 115.0
+    assert newest.values["decode_tok_s"] > old.values["decode_tok_s"]
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(TABLE))
+    out = tmp_path / "out.json"
+    assert main(["predict", "--model", "llama-3-8b", "--gpu", "rtx-4090", "--ctx", "4096", "--coefficients", str(path),
+                 "--engine-build", "b7474", "--format", "json", "--output", str(out)]) == 0
+    era = json.loads(out.read_text())["calibration"]["era"]
+    assert era["id"] == "2025" and era["build"] == "b7474" and era["applied"]
+
+
+def test_a_bad_engine_build_is_refused_before_anything_runs(capsys):
+    assert main(["predict", "--model", "llama-3-8b", "--gpu", "rtx-4090", "--engine-build", "newest"]) == 2
+    assert "not a llama.cpp build number" in capsys.readouterr().err
+
+
+def test_era_values_are_kept_only_where_they_bring_the_eras_runs_closer():
+    dataset = load_dataset([RUNS])
+    table = fit_table(dataset)
+    overlays, checks = fit_era_overlays(dataset, table, "llama.cpp")
+    assert checks, "the shipped runs span two eras on GPUs and unified-memory chips"
+    assert {c["kind"] for c in checks} <= {"gpu", "unified", "cpu"}
+    for check in checks:
+        assert check["kept"] == (check["era_mape"] < check["fallback_mape"])
+        assert len(check["devices"]) >= 2
+        kept = ((overlays.get(check["era"]) or {}).get("kinds") or {}).get(check["kind"]) or {}
+        fitted = [v for v in kept.values() if isinstance(v, dict) and v.get("quantity") == check["quantity"]]
+        assert bool(fitted) == check["kept"]
+    era = dataset.blocks["decode"].meta["era"]
+    assert set(era.dropna()) <= {"2024", "2025", "v1"} and np.mean(era.notna()) > 0.9

@@ -1,0 +1,70 @@
+"""The physics prior for devices of an unmeasured family, and the band of predictions with no fitted scope."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from predictor.coefficients import default_coefficients_path, load_coefficients
+from predictor.devices import resolve_device
+from predictor.estimate import predict
+from predictor.prior import flops_per_byte, memory_class, prior_values
+
+ENTRY = {"decode_bw_efficiency": {"all": {"value": 0.9}, "by_memory_class": {"hbm": {"value": 0.5},
+                                                                             "gddr": {"value": 0.93}}},
+         "prefill_compute_efficiency": {"log_intercept": math.log(0.3), "log_slope": -0.25,
+                                        "ratio_range": [0.1, 0.4]}}
+
+
+def test_memory_classes_and_the_ratio_the_prefill_prior_follows():
+    assert [memory_class(m) for m in ("HBM3e", "GDDR6X", "LPDDR5X", "dram", None)] == [
+        "hbm", "gddr", "lpddr", "other", "other"]
+    assert flops_per_byte(989.5, 4800.0) == pytest.approx(0.2061, rel=1e-3)
+    assert flops_per_byte(None, 100.0) is None and flops_per_byte(10.0, 0.0) is None
+
+
+def test_the_prior_takes_the_memory_class_and_never_extrapolates_the_ratio():
+    hbm = prior_values(ENTRY, "HBM3", 400.0, 2000.0)  # ratio 0.2: inside the fitted range
+    assert hbm["decode_bw_efficiency"] == 0.5
+    assert hbm["prefill_compute_efficiency"] == pytest.approx(0.3 * 0.2 ** -0.25)
+    other = prior_values(ENTRY, "LPDDR5X", 2000.0, 273.0)  # ratio 7.3: clipped to 0.4
+    assert other["decode_bw_efficiency"] == 0.9  # no measured class: all devices
+    assert other["prefill_compute_efficiency"] == pytest.approx(0.3 * 0.4 ** -0.25)
+    assert "prefill_compute_efficiency" not in prior_values(ENTRY, "HBM3", None, 2000.0)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_coefficients(default_coefficients_path())
+
+
+def test_the_shipped_prior_separates_hbm_from_gddr_and_states_its_band(shipped):
+    entry = shipped.table["engines"]["llama.cpp"]["physics"]["kinds"]["gpu"]
+    classes = entry["decode_bw_efficiency"]["by_memory_class"]
+    assert classes["hbm"]["value"] < classes["gddr"]["value"]
+    assert set(classes["hbm"]["devices"]) <= {"a100-pcie-80gb", "a100-sxm-80gb", "h100-pcie"}
+    assert entry["prefill_compute_efficiency"]["log_slope"] <= 0
+    assert entry["error_band"]["decode"] > 0 and "LOFO" in entry["error_band_source"]
+
+
+def test_a_device_of_an_unmeasured_family_takes_the_prior_and_a_measured_one_does_not(shipped):
+    h200 = resolve_device("h200-sxm")  # hbm3e/hopper: no run, no measured family
+    cset = shipped.lookup("llama.cpp", h200.id, h200.family, None, h200.kind, h200)
+    hbm = shipped.table["engines"]["llama.cpp"]["physics"]["kinds"]["gpu"]["decode_bw_efficiency"]
+    assert cset.scope == "prior:physics/gpu"
+    assert cset["decode_bw_efficiency"] == hbm["by_memory_class"]["hbm"]["value"]
+    assert cset.origin["decode_bw_efficiency"] == "prior:physics/gpu" and "LOFO" in cset.band_source
+    assert "physics prior" in cset.source_of("decode_bw_efficiency")
+    rtx = resolve_device("rtx-4090")
+    measured = shipped.lookup("llama.cpp", rtx.id, rtx.family, None, rtx.kind, rtx)
+    assert measured.scope == "device:rtx-4090" and measured.origin["decode_bw_efficiency"] == "device:rtx-4090"
+
+
+def test_vllm_on_a_gpu_says_it_is_uncalibrated_and_how_far_its_defaults_have_been_off(shipped):
+    est = predict("qwen2.5-7b", "h100-sxm", "BF16", 8192, "vllm", coefficients=shipped, launch=False)
+    cal = est.to_dict()["calibration"]
+    assert cal["status"] == "default" and cal["scope"] == "engine"
+    assert set(cal["error_band"]) == {"decode", "prefill"} and all(v > 0 for v in cal["error_band"].values())
+    assert "uncalibrated engine defaults" in cal["error_band_source"] and "llama.cpp" in cal["error_band_source"]
+    assert cal["era"]["applied"] is False and cal["era"]["note"]
