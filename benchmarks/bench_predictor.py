@@ -17,6 +17,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import time  # noqa: E402
 
 from predictor.devices import load_devices  # noqa: E402
+from predictor.engines import ENGINES  # noqa: E402
 from predictor.grid import sweep  # noqa: E402
 from predictor.models import resolve_model  # noqa: E402
 from predictor.quants import quant_formats  # noqa: E402
@@ -32,7 +33,7 @@ def run(model: str, repeat: int, with_max_context: bool) -> tuple[int, float]:
     for _ in range(repeat):
         t0 = time.perf_counter()
         n = 0
-        for engine in ("llama.cpp", "vllm"):
+        for engine in ENGINES:
             quants = [q for q in quant_formats() if engine in q.engines]
             devs = [d for d in devices if engine in d.engines]
             ctxs = [c for c in CONTEXTS if c <= arch.max_context]

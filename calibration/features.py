@@ -33,6 +33,7 @@ from predictor import throughput as tp
 from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, ENGINE_DEFAULTS
 from predictor.devices import cpu_device, resolve_device
+from predictor.engines import traits
 from predictor.errors import BenchcalError
 from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_HOST_MEMORY_GIB, device_kwargs, evaluate
 from predictor.quants import resolve_kv_dtype, resolve_quant
@@ -144,7 +145,7 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
     engine = str(row["engine"])
     arch = run_arch(str(row["model"]), str(row.get("arch_overrides") or ""))
     device = run_device(row)
-    quant = resolve_quant(str(row.get("quant") or ("Q4_K_M" if engine == "llama.cpp" else "BF16")), engine)
+    quant = resolve_quant(str(row.get("quant") or traits(engine).default_quant), engine)
     kv = resolve_kv_dtype(str(row.get("kv_dtype") or "f16"), engine)
     exact = row.get("weights_bytes")
     if not (_finite(exact) and float(exact) > 0):  # no size recorded: sized as predict() sizes it
@@ -340,7 +341,7 @@ def descriptive_columns(frame: pd.DataFrame, inputs: Inputs | None = None) -> pd
             "attn_flops": float(tp.prefill_attention_flops(arch, n_prompt)),
             "compute_buffer_bytes": float(mem.llama_compute_buffer_bytes(
                 arch, spec["context"], spec["n_ubatch"], spec["flash_attn"], spec["batch"]))
-            if spec["engine"] == "llama.cpp" else float(mem.vllm_activation_bytes(arch)),
+            if not traits(spec["engine"]).profiled_runtime else float(mem.vllm_activation_bytes(arch)),
             "n_ubatch": spec["n_ubatch"],
             "device_id": spec["device_id"],
             "family": spec["family"],

@@ -61,9 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from predictor.engines import ENGINES
 from predictor.errors import BenchcalError
-
-ENGINES = ("llama.cpp", "vllm")
 
 COEFFICIENT_NAMES = (
     "decode_fixed_ms",

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from predictor.engines import ENGINES, traits
 from predictor.errors import BenchcalError, positive, suggest
 
 DEVICES_PATH = Path(__file__).with_name("data") / "devices.json"
 
-ENGINES = ("llama.cpp", "vllm")
 KINDS = ("gpu", "unified", "cpu")
 VENDORS = ("nvidia", "amd", "intel", "apple", "huawei", "cambricon", "hygon", "metax", "kunlunxin",
            "moorethreads", "cpu")
@@ -70,7 +70,7 @@ class Device:
         """The peak an engine's prefill matmuls run against: llama.cpp's CUDA kernels multiply in FP16 with
         FP16 accumulate (twice the FP32-accumulate rate on GeForce cards); vLLM's BF16/FP16 GEMMs
         accumulate in FP32 (``fp16_tflops``)."""
-        if engine == "llama.cpp" and self.fp16_acc16_tflops is not None:
+        if traits(engine).fp16_accumulate and self.fp16_acc16_tflops is not None:
             return self.fp16_acc16_tflops
         return self.fp16_tflops
 

@@ -18,6 +18,7 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
+from predictor.engines import traits
 from predictor.errors import BenchcalError
 
 ERAS_PATH = Path(__file__).with_name("data") / "engine_eras.json"
@@ -93,7 +94,7 @@ def era_of_key(engine: str, key: tuple[int, ...] | None) -> Era | None:
 
 def run_era(engine: str, engine_version: str | None, engine_commit: str | None = None) -> str | None:
     """The era id of a run (None when its build or version is unknown)."""
-    if engine == "llama.cpp":
+    if traits(engine).versioned_by == "build":
         build = build_number(engine_version, engine_commit)
         era = era_of_key(engine, (build,) if build is not None else None)
     else:
@@ -106,7 +107,7 @@ def era_for_build(engine: str, build: str | int) -> Era:
     """The era of a build given on the command line (llama.cpp: a build number such as 7474 or b7474; vLLM:
     a version such as 0.10.1). Raises BenchcalError for text that is neither."""
     text = str(build).strip()
-    if engine == "llama.cpp":
+    if traits(engine).versioned_by == "build":
         digits = text[1:] if text[:1] in ("b", "B") else text
         if not digits.isdigit():
             raise BenchcalError(f"--engine-build: '{build}' is not a llama.cpp build number (e.g. 7474 or b7474)")

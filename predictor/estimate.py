@@ -24,6 +24,7 @@ from predictor.coefficients import (
     load_coefficients,
 )
 from predictor.devices import Device, resolve_device
+from predictor.engines import traits
 from predictor.eras import era_description, era_for_build
 from predictor.errors import BenchcalError, non_negative, positive
 from predictor.models import resolve_model
@@ -98,6 +99,7 @@ def evaluate(
     it from imported logs; predictions describe current builds and leave it False.
     """
     kind = np.asarray(kind)
+    et = traits(engine)
     on_gpu = kind == "gpu"
     n_dev = _arr(device_count)
     L = arch.num_layers
@@ -108,20 +110,20 @@ def evaluate(
     embd_w = mem.embedding_bytes(arch, total_w, bits_per_weight, bits_per_weight_non_expert)
     out_w = mem.output_bytes(arch, total_w, bits_per_weight, bits_per_weight_non_expert)
     # llama.cpp keeps the input embedding on the host (untied models); vLLM keeps everything on the GPU.
-    host_embd = embd_w if (engine == "llama.cpp" and arch.params_output) else 0.0
+    host_embd = embd_w if (et.host_embedding and arch.params_output) else 0.0
     layer_w = total_w - embd_w - (out_w if arch.params_output else 0.0)
     # Offload only exists for discrete GPUs; clamp to whole layers for llama.cpp.
     frac = np.where(on_gpu, np.clip(_arr(offload_fraction), 0.0, 1.0), 0.0)
-    if engine == "llama.cpp":
+    if et.layer_offload:
         frac = np.round(frac * L) / L
     out_on_device = frac == 0.0
     dev_w = (1.0 - frac) * layer_w + np.where(out_on_device, out_w, 0.0) + np.where(on_gpu, 0.0, host_embd)
     host_w = total_w - dev_w
     repack_share = np.asarray(cpu_repack, float)
-    repack = mem.cpu_repack_bytes(layer_w, np.where(kind == "cpu", repack_share, 0.0)) if engine == "llama.cpp" else 0.0
+    repack = mem.cpu_repack_bytes(layer_w, np.where(kind == "cpu", repack_share, 0.0)) if et.cpu_kernel_paths else 0.0
     resident_w = dev_w + repack
     kv_total = mem.kv_cache_bytes(arch, context, batch, kv_bytes_per_element, engine)
-    kv_host_share = frac if engine == "llama.cpp" else 0.0  # llama.cpp keeps KV with its layer
+    kv_host_share = frac if et.layer_offload else 0.0  # llama.cpp keeps KV with its layer
     dev_kv = kv_total * (1.0 - kv_host_share)
     eager = np.logical_or(np.asarray(enforce_eager, bool), kind == "cpu")
     runtime = mem.runtime_bytes(arch, engine, coeffs, context, n_ubatch, flash_attn, batch, eager) * n_dev
@@ -129,7 +131,7 @@ def evaluate(
     usable = mem.usable_device_bytes(memory_gib, usable_gib, kind, coeffs["reserve_gib"]) * n_dev
     util = total / usable
     # Layers (and, for llama.cpp, their KV) kept in host RAM; the input embedding is not counted.
-    offload_bytes = frac * (layer_w + (kv_total if engine == "llama.cpp" else 0.0)) + np.where(out_on_device, 0.0, out_w)
+    offload_bytes = frac * (layer_w + (kv_total if et.layer_offload else 0.0)) + np.where(out_on_device, 0.0, out_w)
     # Verdict: fits / tight / needs offload (a discrete GPU that can hold the runtime and the host
     # can hold the rest) / does not fit.
     host_usable = _arr(host_memory_gib) * GIB * 0.9
@@ -137,7 +139,7 @@ def evaluate(
     verdict = np.where(util <= TIGHT_UTILIZATION, 0, np.where(util <= 1.0, 1, np.where(can_offload, 2, 3)))
 
     # Throughput.
-    tensor_parallel = engine == "vllm"
+    tensor_parallel = et.tensor_parallel
     ctx_now = np.minimum(_arr(prompt_tokens), _arr(context))
     # Weights streamed per step: the active layers and the LM head; the part on the host is read there.
     step_w = tp.decode_weight_bytes_per_step(arch, total_w, batch, bits_per_weight, bits_per_weight_non_expert)
@@ -164,16 +166,16 @@ def evaluate(
         kv_reread_bytes=kv_reread * (1.0 - kv_host_share),
         bandwidth_gbs=bw,
         # vLLM's cpu_offload_gb streams the offloaded weights over PCIe every step.
-        host_bandwidth_gbs=np.where(kind == "gpu", _arr(host_bandwidth_gbs) if engine == "llama.cpp"
+        host_bandwidth_gbs=np.where(kind == "gpu", _arr(host_bandwidth_gbs) if not et.pcie_streamed_offload
                                     else np.minimum(_arr(host_bandwidth_gbs), coeffs["pcie_gbs"]), bw),
         device_count=n_dev,
         tensor_parallel=tensor_parallel,
         dequant_bytes=dequant_b,
-        generic_dequant_bytes=np.where((kind == "cpu") & (engine == "llama.cpp"),
+        generic_dequant_bytes=np.where((kind == "cpu") & et.cpu_kernel_paths,
                                        (1.0 - frac) * (step_w - out_w) * np.asarray(cpu_generic_bytes, float), 0.0),
         tflops=tflops,
     )
-    cpu_llama = (kind == "cpu") & (engine == "llama.cpp")
+    cpu_llama = (kind == "cpu") & et.cpu_kernel_paths
     layer_params = arch.params_active - tp.lm_head_params(arch)
     prefill_s = tp.prefill_seconds(
         arch,
@@ -233,7 +235,7 @@ def evaluate(
 
 def _max_context(arch, engine, coeffs, usable, dev_w, frac, n_dev, kv_bpe, batch, n_ubatch, flash_attn, eager):
     """Largest context (multiple of 256, up to the model's maximum) whose total stays "fits"."""
-    kv_share = frac if engine == "llama.cpp" else 0.0
+    kv_share = frac if traits(engine).layer_offload else 0.0
 
     def total_at(ctx):
         kv = mem.kv_cache_bytes(arch, ctx, batch, kv_bpe, engine) * (1.0 - kv_share)
@@ -423,9 +425,9 @@ def predict(
     arch = model if isinstance(model, ModelArch) else resolve_model(model)
     dev = device if isinstance(device, Device) else resolve_device(device)
     if quant is None:
-        quant = arch.weights_quant or ("Q4_K_M" if eng == "llama.cpp" else "BF16")
+        quant = arch.weights_quant or traits(eng).default_quant
     q = resolve_quant(quant, eng)
-    kv_name = kv_dtype or ("f16" if eng == "llama.cpp" else "bf16")
+    kv_name = kv_dtype or traits(eng).default_kv_dtype
     kv = resolve_kv_dtype(kv_name, eng)
     positive("--ctx", context)
     positive("--prompt", prompt_tokens)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from predictor.architecture import ModelArch
+from predictor.engines import traits
 
 GIB = float(2**30)
-VLLM_BLOCK_TOKENS = 16
 VLLM_MAX_BATCHED_TOKENS = 8192  # vLLM V1 offline default for max_num_batched_tokens on GPUs
 F32_BYTES = 4.0
 
@@ -79,8 +79,9 @@ def kv_cache_bytes(arch: ModelArch, context, batch, kv_bytes_per_element, engine
     vLLM allocates whole blocks of 16 tokens.
     """
     ctx = np.asarray(context, dtype=float)
-    if engine == "vllm":
-        ctx = np.ceil(ctx / VLLM_BLOCK_TOKENS) * VLLM_BLOCK_TOKENS
+    block = traits(engine).kv_block_tokens
+    if block > 1:
+        ctx = np.ceil(ctx / block) * block
     elements = arch.kv_elements_per_token(ctx)
     return elements * np.asarray(batch, float) * np.asarray(kv_bytes_per_element, float)
 
@@ -89,7 +90,7 @@ def attention_through_memory(engine: str, flash_attn):
     """True where attention runs as ordinary matrix products: llama.cpp without flash attention. Its f32
     scores then go through memory (prefill) and each query head reads its K/V rows itself (decode);
     flash attention (llama.cpp ``-fa``) and vLLM's paged attention do neither."""
-    return np.logical_and(engine == "llama.cpp", np.logical_not(np.asarray(flash_attn, bool)))
+    return np.logical_and(traits(engine).attention_through_memory, np.logical_not(np.asarray(flash_attn, bool)))
 
 
 def attention_kv_read_factor(arch: ModelArch, engine: str, flash_attn):
@@ -148,7 +149,7 @@ def runtime_bytes(arch: ModelArch, engine: str, coeffs, context, n_ubatch, flash
     none when ``enforce_eager``)."""
     fixed = coeffs["runtime_fixed_gib"] * GIB
     scale = coeffs["compute_buffer_scale"]
-    if engine == "vllm":
+    if traits(engine).profiled_runtime:
         graphs = np.where(np.asarray(enforce_eager, bool), 0.0, coeffs["vllm_graph_gib"] * GIB)
         extra = coeffs["vllm_non_torch_gib"] * GIB + graphs
         return fixed + extra + scale * vllm_activation_bytes(arch) + np.zeros_like(np.asarray(context, float))

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from predictor.engines import ENGINES
 from predictor.errors import BenchcalError, suggest
 
 QUANTS_PATH = Path(__file__).with_name("data") / "quants.json"
 
-ENGINES = ("llama.cpp", "vllm")
 _ENGINE_ALIASES = {"llamacpp": "llama.cpp", "llamacpppython": "llama.cpp", "vllm": "vllm"}
 
 

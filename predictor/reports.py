@@ -14,6 +14,7 @@ from predictor import memory as mem
 from predictor.architecture import ModelArch
 from predictor.coefficients import Coefficients
 from predictor.devices import Device, load_devices
+from predictor.engines import traits
 from predictor.estimate import GIB, VERDICTS, Estimate, predict
 from predictor.grid import sweep
 from predictor.quants import QuantFormat, quant_formats, resolve_kv_dtype, resolve_quant
@@ -113,7 +114,7 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
         ["Error band", ", ".join(f"{k} ±{v * 100:.0f}%" for k, v in band.items()) or "— (uncalibrated)",
          cal.get("error_band_source") or ""],
         *[[k, f"{v:g}", cal["coefficient_sources"][k]] for k, v in cal["coefficients"].items()
-          if (est.engine == "vllm" or not k.startswith("vllm_"))
+          if (traits(est.engine).profiled_runtime or not k.startswith("vllm_"))
           and (k != "decode_dequant_flops_per_byte" or est.device.kind in ("unified", "cpu"))  # where they act
           and (k != "prefill_unpack_flops_per_weight" or est.device.kind == "unified")
           and (k not in ("prefill_generic_flops_per_weight", "prefill_q8_flops_per_weight", "prefill_f16_efficiency",
@@ -148,7 +149,7 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
                        prompt_tokens: int = 4096, kv_dtype: str | None = None, batch: int = 1) -> Report:
     """Every device: status, total / usable, decode, TTFT, max safe context (one vectorized pass)."""
     q = resolve_quant(quant, engine)
-    kv = resolve_kv_dtype(kv_dtype or ("f16" if engine == "llama.cpp" else "bf16"), engine)
+    kv = resolve_kv_dtype(kv_dtype or traits(engine).default_kv_dtype, engine)
     devs = [d for d in (devices or load_devices()) if engine in d.engines and d.kind != "cpu"]
     require_bits(q, known_weights_bytes(arch, q, engine)[0])
     r = sweep(arch, engine, devs, [q], [context], [batch], table=table, kv_bytes_per_element=kv.bytes_per_element,
@@ -199,13 +200,13 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
 def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *, contexts: Sequence[int] | None = None,
                   table: Coefficients | None = None, device_count: int = 1, kv_dtype: str | None = None) -> Report:
     """Quantization x context: total memory, status and decode for each cell."""
-    names = MATRIX_QUANTS if engine == "llama.cpp" else VLLM_MATRIX_QUANTS
+    names = MATRIX_QUANTS if traits(engine).gguf else VLLM_MATRIX_QUANTS
     quants: list[QuantFormat] = [qf for qf in quant_formats()
                                  if qf.id in names and engine in qf.engines and qf.bits_per_weight]
     known = {qf.id: known_weights_bytes(arch, qf, engine) for qf in quants}
     quants.sort(key=lambda qf: -(known[qf.id][0] or mem.weights_bytes(arch, *format_bits(arch, qf, engine))))  # widest first
     ctxs = list(contexts or contexts_for(arch))
-    kv = resolve_kv_dtype(kv_dtype or ("f16" if engine == "llama.cpp" else "bf16"), engine)
+    kv = resolve_kv_dtype(kv_dtype or traits(engine).default_kv_dtype, engine)
     r = sweep(arch, engine, [device], quants, ctxs, [1], table=table, kv_bytes_per_element=kv.bytes_per_element,
               device_count=device_count)
     rows = []
@@ -270,7 +271,7 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
     A candidate must fit ("fits" verdict), decode at least ``min_decode`` tok/s and cost at most
     ``budget_usd`` (purchase price x count; devices without a price are left out when a budget is set).
     """
-    q = resolve_quant(quant or ("Q4_K_M" if engine == "llama.cpp" else "AWQ"), engine)
+    q = resolve_quant(quant or traits(engine).leaderboard_quant, engine)
     devs = [d for d in load_devices() if engine in d.engines and d.kind != "cpu"]
     require_bits(q, known_weights_bytes(arch, q, engine)[0])
     candidates = []  # (device, count, values)

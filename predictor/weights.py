@@ -12,6 +12,7 @@ from functools import lru_cache
 
 from predictor import memory as mem
 from predictor.architecture import ModelArch
+from predictor.engines import traits
 from predictor.errors import BenchcalError
 from predictor.gguf_layout import layout_spec, planned_weights_bytes, tensor_plan
 from predictor.quants import QuantFormat, resolve_quant
@@ -33,7 +34,7 @@ def format_bits(arch: ModelArch, quant: QuantFormat, engine: str) -> tuple[float
     file was made (llama-quantize refuses to requantize MXFP4 tensors without ``--allow-requantize``; some
     publishers keep the experts with ``--tensor-type`` overrides, others requantize them): the format's width.
     """
-    if engine == "llama.cpp" and arch.expert_format == "MXFP4" and quant.id in _UNQUANTIZED:
+    if traits(engine).gguf and arch.expert_format == "MXFP4" and quant.id in _UNQUANTIZED:
         return resolve_quant("MXFP4").bits_per_weight, quant.bits_per_weight
     return quant.bits_per_weight, quant.bits_per_weight_non_expert
 
@@ -47,7 +48,7 @@ def known_weights_bytes(arch: ModelArch, quant: QuantFormat, engine: str) -> tup
     expert_bits, other_bits = format_bits(arch, quant, engine)
     if other_bits is not None and quant.bits_per_weight_non_expert is None:
         return float(mem.weights_bytes(arch, expert_bits, other_bits)), WEIGHTS_FROM_NATIVE_EXPERTS
-    if engine == "llama.cpp":
+    if traits(engine).gguf:
         planned = planned_weights_bytes(arch, quant.id)
         if planned is not None:
             # The plan is the language model's file; parameters outside it (Gemma 3's vision tower, in

@@ -12,6 +12,7 @@ from calibration.dataset import load_dataset
 from calibration.overlays import fit_era_overlays
 from calibration.table import fit_table
 from predictor.coefficients import Coefficients
+from predictor.engines import ENGINES
 from predictor.eras import build_number, era_for_build, era_terms, eras, run_era
 from predictor.errors import BenchcalError
 from predictor.estimate import predict
@@ -20,7 +21,7 @@ RUNS = "runs"
 
 
 def test_every_era_names_what_marks_it_and_how_its_boundary_was_placed():
-    for engine in ("llama.cpp", "vllm"):
+    for engine in ENGINES:
         found = eras(engine)
         assert found, engine
         for era in found:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from predictor.coefficients import Coefficients, default_coefficients, load_coefficients
 from predictor.devices import Device, load_devices, resolve_device
+from predictor.engines import traits
 from predictor.eras import era_for_build
 from predictor.errors import BenchcalError, positive
 from predictor.estimate import predict, require_context
@@ -101,7 +102,7 @@ def cmd_leaderboard(args) -> int:
     engine = normalize_engine(args.engine)
     arch = resolve_model(args.model)
     require_context(arch, args.ctx)
-    rep = leaderboard_report(arch, args.quant or ("Q4_K_M" if engine == "llama.cpp" else "AWQ"),
+    rep = leaderboard_report(arch, args.quant or traits(engine).leaderboard_quant,
                              args.ctx, engine, table=_table(args),
                              prompt_tokens=positive("--prompt", args.prompt), kv_dtype=args.kv_dtype,
                              batch=positive("--batch", args.batch))
