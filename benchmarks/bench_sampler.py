@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.005, help="sampler interval in seconds (default 0.005)")
     args = parser.parse_args()
     if args.threads is None:
-        from harness.protocol import default_threads
+        from harness.runconfig import default_threads
 
         args.threads = default_threads()
     print(json.dumps({"overhead": overhead(args), "spike": spike(args.interval)}, indent=1))

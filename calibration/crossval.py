@@ -22,9 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from sklearn.model_selection import LeaveOneGroupOut
 
-from calibration.dataset import QUANTITIES, Dataset, measured, predict
-from calibration.table import _with_prior, fit_table
+from calibration.dataset import QUANTITIES, Dataset, as_predicted, measured, predict
+from calibration.table import fit_table
 from predictor.coefficients import Coefficients
 
 METRIC_QUANTITIES = ("decode", "prefill", "ttft", "memory")
@@ -65,23 +66,30 @@ def summarize_errors(errors: np.ndarray) -> dict[str, Any]:
 
 def in_sample_predictions(dataset: Dataset, table: dict[str, Any],
                           prior: Coefficients | None = None) -> dict[str, np.ndarray]:
-    return predict(dataset, _with_prior(table, prior))
+    return predict(dataset, as_predicted(table, prior))
 
 
 def _holdout_predictions(dataset: Dataset, column: str, prior: Coefficients | None = None) -> dict[str, np.ndarray]:
     """Out-of-sample predictions when each value of ``column`` is held out in turn (NaN if never)."""
     blocks = dataset.blocks
     out = {q: np.full(len(blocks[_block_of(q)]), np.nan) for q in METRIC_QUANTITIES}
-    values: set[str] = set()
-    for block in blocks.values():
-        values |= {v for v in block.meta[column].dropna().unique() if v}
-    for value in sorted(values):
-        held = {q: (blocks[q].meta[column].to_numpy() == value) for q in QUANTITIES}
+    # every row of every block, grouped by ``column`` (rows without a value are never held out)
+    groups = np.concatenate([np.asarray([str(v) if isinstance(v, str) and v else "" for v in blocks[q].meta[column]],
+                                        dtype=object) for q in QUANTITIES])
+    starts = np.cumsum([0] + [len(blocks[q]) for q in QUANTITIES])
+    if len(set(groups)) < 2:  # one group held out leaves nothing to fit on
+        return out
+    for _, test in LeaveOneGroupOut().split(np.zeros((len(groups), 1)), groups=groups):
+        if groups[test[0]] == "":
+            continue
+        in_test = np.zeros(len(groups), bool)
+        in_test[test] = True
+        held = {q: in_test[starts[i]:starts[i + 1]] for i, q in enumerate(QUANTITIES)}
         masks = {q: ~held[q] for q in QUANTITIES}
         if not any(np.any(blocks[q].fittable & masks[q]) for q in QUANTITIES):
             continue
         table = fit_table(dataset, masks, n_boot=0, prior=prior)
-        predicted = predict(dataset, _with_prior(table, prior))
+        predicted = predict(dataset, as_predicted(table, prior))
         for q in METRIC_QUANTITIES:
             rows = held[_block_of(q)]
             out[q][rows] = predicted[q][rows]

@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -195,3 +196,18 @@ def measured(dataset: Dataset) -> dict[str, np.ndarray]:
     out["ttft"] = (pd.to_numeric(prefill["ttft_s"], errors="coerce").to_numpy(dtype=float)
                    if "ttft_s" in prefill else np.zeros(0))
     return out
+
+
+def distinct(values) -> list[str]:
+    """The distinct values of a column as sorted strings, missing ones left out."""
+    return sorted({str(v) for v in values if v is not None and v == v})
+
+
+def rounded(x: float) -> float:
+    """A fitted figure as the table stores it: six significant digits."""
+    return float(f"{float(x):.6g}")
+
+
+def as_predicted(table: dict[str, Any], prior: Coefficients | None) -> Coefficients:
+    """A fitted table as ``predict`` will read it: alone, or (a user's fit) its device scopes over the prior."""
+    return prior.with_devices_from(Coefficients(table)) if prior is not None else Coefficients(table)

@@ -12,9 +12,6 @@ So a feature is the quantity :func:`predictor.estimate.evaluate` returns when on
 its unit value and every fitted coefficient is neutral (additive ones 0, efficiencies infinite). Every
 formula therefore comes from ``predictor/memory.py`` and ``predictor/throughput.py`` through
 ``evaluate``; nothing is derived again here. Units: seconds for times, bytes for memory.
-
-Descriptive columns (weights bytes, KV bytes, FLOPs, analytical compute buffer) are added with the
-formula functions themselves for tables and reports.
 """
 
 from __future__ import annotations
@@ -29,7 +26,6 @@ import numpy as np
 import pandas as pd
 
 from predictor import memory as mem
-from predictor import throughput as tp
 from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, ENGINE_DEFAULTS
 from predictor.devices import cpu_device, resolve_device
@@ -273,6 +269,10 @@ class Features:
     def column(self, name: str) -> np.ndarray:
         return self.x[:, [t.name for t in self.terms].index(name)]
 
+    def take(self, rows: np.ndarray) -> Features:
+        """The features of ``rows`` (indices, repeats allowed: a bootstrap resample), in that order."""
+        return Features(self.quantity, self.terms, self.offset[rows], self.x[rows], self.valid[rows])
+
 
 def _prompt_column(frame: pd.DataFrame, quantity: str) -> np.ndarray:
     if quantity == "decode":
@@ -312,41 +312,3 @@ def combine(features: Features, weights: np.ndarray) -> np.ndarray:
     bw, fl = names.index("decode_bw_efficiency"), names.index("prefill_compute_efficiency")
     rest = [j for j in range(len(names)) if j not in (bw, fl)]
     return features.offset + contributions[:, rest].sum(axis=1) + np.maximum(contributions[:, bw], contributions[:, fl])
-
-
-def descriptive_columns(frame: pd.DataFrame, inputs: Inputs | None = None) -> pd.DataFrame:
-    """Human-readable features per row: layers, weights, KV, FLOPs, compute buffer, device figures."""
-    inputs = inputs or frame_inputs(frame)
-    rows = []
-    for spec, (_, row) in zip(inputs.rows, frame.iterrows(), strict=True):
-        if spec is None:
-            rows.append({})
-            continue
-        arch = spec["arch"]
-        weights = spec["exact_weights_bytes"]
-        if not np.isfinite(weights):
-            weights = float(mem.weights_bytes(arch, spec["bits_per_weight"], spec["bits_per_weight_non_expert"]))
-        n_prompt = float(row.get("prompt_tokens") or 0) if "prompt_tokens" in row else 0.0
-        ctx_now = float(row.get("decode_context") or 0) if "decode_context" in row else 0.0
-        rows.append({
-            "layers": arch.num_layers,
-            "vocab_size": arch.vocab_size,
-            "weights_bytes_total": weights,
-            "decode_weight_bytes": float(tp.decode_weight_bytes_per_step(
-                arch, weights, spec["batch"], spec["bits_per_weight"], spec["bits_per_weight_non_expert"])),
-            "kv_read_bytes": float(mem.kv_cache_bytes(arch, ctx_now, spec["batch"], spec["kv_bytes_per_element"])),
-            "kv_cache_bytes": float(mem.kv_cache_bytes(arch, spec["context"], spec["batch"],
-                                                       spec["kv_bytes_per_element"], spec["engine"])),
-            "matmul_flops": float(tp.prefill_matmul_flops(arch, n_prompt)),
-            "attn_flops": float(tp.prefill_attention_flops(arch, n_prompt)),
-            "compute_buffer_bytes": float(mem.llama_compute_buffer_bytes(
-                arch, spec["context"], spec["n_ubatch"], spec["flash_attn"], spec["batch"]))
-            if not traits(spec["engine"]).profiled_runtime else float(mem.vllm_activation_bytes(arch)),
-            "n_ubatch": spec["n_ubatch"],
-            "device_id": spec["device_id"],
-            "family": spec["family"],
-            "kind": spec["kind"],
-            "bandwidth_gbs": spec["bandwidth_gbs"],
-            "tflops": spec["tflops"],
-        })
-    return pd.DataFrame(rows, index=frame.index)

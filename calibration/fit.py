@@ -275,26 +275,32 @@ class TermRegressor(BaseEstimator, RegressorMixin):
 
     ``fit(X, y)``: X is a Features block, y the measured quantity (seconds or bytes) per row.
     ``coef_`` holds the linear weights, ``values_`` the coefficient values, ``fitted_`` which terms
-    were identified. ``parent_weights`` default to the engine defaults passed by the caller.
+    were identified, ``n_trimmed_`` the outliers left out. ``parent_weights`` default to the engine defaults
+    passed by the caller; ``fixed_set``: fit exactly these term indices (bootstrap refits). Every scope of the
+    table (:mod:`calibration.table`), its bootstrap and the era values (:mod:`calibration.overlays`) are fitted
+    through it, on ``Features.take(rows)`` of their rows.
     """
 
     def __init__(self, parent_weights=None, cpu: bool = False, held: tuple[str, ...] = (), min_points: int = 3,
-                 max_condition: float = MAX_CONDITION, trim: bool = True):
+                 max_condition: float = MAX_CONDITION, trim: bool = True, fixed_set=None):
         self.parent_weights = parent_weights
         self.cpu = cpu
         self.held = held
         self.min_points = min_points
         self.max_condition = max_condition
         self.trim = trim
+        self.fixed_set = fixed_set
 
     def fit(self, X: Features, y) -> TermRegressor:
         y = np.asarray(y, dtype=float)
         rows = np.flatnonzero(X.valid & np.isfinite(y) & (y > 0))
         start = np.ones(len(X.terms)) if self.parent_weights is None else np.asarray(self.parent_weights, float)
         result = fit_terms(X, rows, y[rows], start, cpu=self.cpu, held=tuple(self.held),
-                           min_points=self.min_points, max_condition=self.max_condition, trim=self.trim)
+                           min_points=self.min_points, max_condition=self.max_condition, trim=self.trim,
+                           fixed_set=None if self.fixed_set is None else list(self.fixed_set))
         self.coef_ = result.weights
         self.fitted_ = result.fitted
+        self.n_trimmed_ = result.n_trimmed
         self.values_ = {t.name: float(t.value(w)) for t, w in zip(X.terms, result.weights, strict=True)}
         self.n_points_ = result.n_points
         return self

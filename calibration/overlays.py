@@ -8,9 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from calibration.dataset import Block, Dataset
-from calibration.fit import fit_terms
-from calibration.table import _distinct, _round, _with_prior
+from calibration.dataset import Block, Dataset, as_predicted, distinct, rounded
+from calibration.fit import TermRegressor
 from predictor.coefficients import Coefficients
 
 MIN_PRIOR_DEVICES = 4  # a regression on device figures from fewer devices than this is not a prior
@@ -47,8 +46,8 @@ def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
         # a kind whose measured devices share one memory class gains nothing over its engine scope's fit
         if len(bw) >= MIN_PRIOR_DEVICES and sum(len(items) >= 2 for items in classes.values()) >= 2:
             entry["decode_bw_efficiency"] = {
-                "all": {"value": _round(float(np.median([v for _, _, v in bw]))), "devices": sorted(d for d, _, _ in bw)},
-                "by_memory_class": {cls: {"value": _round(float(np.median([v for _, v in items]))),
+                "all": {"value": rounded(float(np.median([v for _, _, v in bw]))), "devices": sorted(d for d, _, _ in bw)},
+                "by_memory_class": {cls: {"value": rounded(float(np.median([v for _, v in items]))),
                                           "devices": sorted(d for d, _ in items)}
                                     for cls, items in sorted(classes.items()) if len(items) >= 2},
                 "rule": "median of the measured devices of the same memory class (two or more), else of all"}
@@ -59,8 +58,8 @@ def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
             if slope > 0:  # efficiency does not rise with FLOPS per byte: a flat prior, the median
                 slope, intercept = 0.0, float(np.median(y))
             entry["prefill_compute_efficiency"] = {
-                "log_intercept": _round(float(intercept)), "log_slope": _round(float(slope)),
-                "ratio_range": [_round(float(np.exp(x.min()))), _round(float(np.exp(x.max())))],
+                "log_intercept": rounded(float(intercept)), "log_slope": rounded(float(slope)),
+                "ratio_range": [rounded(float(np.exp(x.min()))), rounded(float(np.exp(x.max())))],
                 "devices": sorted(d for d, _, _ in fl),
                 "rule": "exp(log_intercept + log_slope * ln(r)), r = matmul TFLOPS / bandwidth GB/s clipped to the "
                         "measured devices' range, least squares in log space (slope at most 0)"}
@@ -92,7 +91,7 @@ def fit_era_overlays(dataset: Dataset, table: dict[str, Any], engine: str,
     names = era_terms(engine)
     if not names:
         return {}, []
-    pooled = _with_prior(table, prior)
+    pooled = as_predicted(table, prior)
     out: dict[str, Any] = {}
     checks: list[dict[str, Any]] = []
     for kind in ("gpu", "unified", "cpu"):
@@ -154,26 +153,25 @@ def _fit_era_terms(block: Block, rows: np.ndarray, pooled: Coefficients,
     x[:, held] *= weights[:, held]  # a held term enters at its run's own weight: start weight 1
     local = Features(block.quantity, terms, block.features.offset[rows], x, np.ones(len(rows), bool))
     start = np.where(held, 1.0, np.median(weights, axis=0))
-    index = np.arange(len(rows))
     y = block.y[rows]
     cpu = bool(np.all(block.meta["kind"].to_numpy()[rows] == "cpu"))
-    fit = fit_terms(local, index, y, start, cpu=cpu, held=tuple(t.name for j, t in enumerate(terms) if held[j]))
+    fit = TermRegressor(start, cpu=cpu, held=tuple(t.name for j, t in enumerate(terms) if held[j])).fit(local, y)
     meta = block.meta.iloc[rows]
-    if not any(fit.fitted[j] for j in free) or meta["device_id"].nunique() < MIN_ERA_DEVICES:
+    if not any(fit.fitted_[j] for j in free) or meta["device_id"].nunique() < MIN_ERA_DEVICES:
         return {}, {}
-    if any(fit.fitted[j] and terms[j].value(fit.weights[j]) < 0 for j in free):
+    if any(fit.fitted_[j] and terms[j].value(fit.coef_[j]) < 0 for j in free):
         return {}, {}  # a negative fixed time beside other devices' per-layer terms: not physical
     plain = Features(block.quantity, terms, block.features.offset[rows], block.features.x[rows],
                      np.ones(len(rows), bool))
-    errors = {"pooled": _round(_mape(combine(plain, weights), y)),
-              "era": _round(_mape(combine(local, np.tile(fit.weights, (len(rows), 1))), y))}
+    errors = {"pooled": rounded(_mape(combine(plain, weights), y)),
+              "era": rounded(_mape(combine(local, np.tile(fit.coef_, (len(rows), 1))), y))}
     entries = {}
     for j in free:
-        if not fit.fitted[j]:
+        if not fit.fitted_[j]:
             continue
         entries[terms[j].name] = {
-            "value": _round(float(terms[j].value(fit.weights[j]))), "identified": True, "quantity": block.quantity,
-            "n_runs": int(meta["id"].nunique()), "n_points": int(len(rows)), "devices": _distinct(meta["device_id"]),
-            "models": _distinct(meta["model_key"]), "engine_versions": _distinct(meta["engine_version"]),
-            "n_trimmed": fit.n_trimmed}
+            "value": rounded(float(terms[j].value(fit.coef_[j]))), "identified": True, "quantity": block.quantity,
+            "n_runs": int(meta["id"].nunique()), "n_points": int(len(rows)), "devices": distinct(meta["device_id"]),
+            "models": distinct(meta["model_key"]), "engine_versions": distinct(meta["engine_version"]),
+            "n_trimmed": fit.n_trimmed_}
     return entries, errors

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from calibration.dataset import QUANTITIES, Block, Dataset
-from calibration.fit import acts_on, fit_terms
+from calibration.dataset import QUANTITIES, Block, Dataset, distinct, rounded
+from calibration.fit import TermRegressor, acts_on
+from calibration.overlays import fit_era_overlays, fit_physics_prior
 from predictor.coefficients import ENGINE_DEFAULTS, Coefficients
 
 SCHEMA_VERSION = 1
@@ -60,19 +61,15 @@ def _parent_values(table: dict[str, Any], engine: str, scope: str, family: str |
     return values
 
 
-def _distinct(values) -> list[str]:
-    return sorted({str(v) for v in values if v is not None and v == v})
-
-
 def _provenance(block: Block, rows: np.ndarray) -> dict[str, Any]:
     meta = block.meta.iloc[rows]
     return {
         "n_runs": int(meta["id"].nunique()),
         "n_points": int(len(rows)),
-        "devices": _distinct(meta["device_id"]),
-        "models": _distinct(meta["model_key"]),
-        "engine_versions": _distinct(meta["engine_version"]),
-        "eras": _distinct(meta["era"]) if "era" in meta else [],
+        "devices": distinct(meta["device_id"]),
+        "models": distinct(meta["model_key"]),
+        "engine_versions": distinct(meta["engine_version"]),
+        "eras": distinct(meta["era"]) if "era" in meta else [],
     }
 
 
@@ -89,9 +86,9 @@ def _bootstrap_std(block: Block, rows: np.ndarray, start: np.ndarray, chosen: li
     samples = []
     for _ in range(n_boot):
         picked = np.concatenate([by_run[r] for r in rng.choice(unique, size=len(unique), replace=True)])
-        fit = fit_terms(block.features, picked, block.y[picked], start, cpu=cpu, held=held, trim=False,
-                        fixed_set=chosen)
-        samples.append([float(t.value(w)) for t, w in zip(block.features.terms, fit.weights, strict=True)])
+        fit = TermRegressor(start, cpu=cpu, held=held, trim=False, fixed_set=chosen).fit(
+            block.features.take(picked), block.y[picked])
+        samples.append([float(t.value(w)) for t, w in zip(block.features.terms, fit.coef_, strict=True)])
     spread = np.std(np.asarray(samples), axis=0, ddof=1)
     spread[[j for j in range(len(spread)) if j not in chosen]] = np.nan
     return spread
@@ -117,8 +114,8 @@ def fit_scope_quantity(block: Block, mask: np.ndarray, parent: dict[str, float],
         held += ENGINE_HELD
     cpu = bool(np.all(block.meta["kind"].to_numpy()[rows] == "cpu"))
     start = np.array([float(t.weight(parent[t.name])) for t in terms])
-    fit = fit_terms(block.features, rows, block.y[rows], start, cpu=cpu, held=held)
-    chosen = [j for j in range(len(terms)) if fit.fitted[j]]
+    fit = TermRegressor(start, cpu=cpu, held=held).fit(block.features.take(rows), block.y[rows])
+    chosen = [j for j in range(len(terms)) if fit.fitted_[j]]
     spread = _bootstrap_std(block, rows, start, chosen, cpu, held, n_boot, rng)
     touches = acts_on(block.features, rows, block.y[rows])
     acting = np.any(touches, axis=0)
@@ -126,14 +123,14 @@ def fit_scope_quantity(block: Block, mask: np.ndarray, parent: dict[str, float],
     for j, term in enumerate(terms):
         if term.name in held:
             continue
-        identified = bool(fit.fitted[j])
+        identified = bool(fit.fitted_[j])
         if not identified and not acting[j]:
             continue  # the term never acts on these runs (e.g. host bandwidth without offload)
-        value = float(term.value(fit.weights[j]))
+        value = float(term.value(fit.coef_[j]))
         # provenance: the runs the term acts on (the dequantization term only on some devices, say)
         prov = _provenance(block, rows[touches[:, j]] if acting[j] else rows)
-        entry = {"value": _round(value), "uncertainty": _round(spread[j]) if np.isfinite(spread[j]) else None,
-                 "identified": identified, "quantity": block.quantity, **prov, "n_trimmed": fit.n_trimmed}
+        entry = {"value": rounded(value), "uncertainty": rounded(spread[j]) if np.isfinite(spread[j]) else None,
+                 "identified": identified, "quantity": block.quantity, **prov, "n_trimmed": fit.n_trimmed_}
         if not identified:
             entry["note"] = (f"not identifiable from these runs (too few points or a degenerate design): "
                              f"held at the {scope_label} value")
@@ -142,10 +139,6 @@ def fit_scope_quantity(block: Block, mask: np.ndarray, parent: dict[str, float],
                              "decode_fixed_per_layer_us x layers stays >= 0 for the layer counts measured")
         entries[term.name] = entry
     return entries
-
-
-def _round(x: float) -> float:
-    return float(f"{float(x):.6g}")
 
 
 def scopes_of(dataset: Dataset, engine: str, masks: dict[str, np.ndarray] | None = None) -> list[ScopeRows]:
@@ -187,8 +180,8 @@ def host_figures(dataset: Dataset, engine: str, device: str,
     matmul = pd.to_numeric(runs["host_matmul_gflops"], errors="coerce").dropna()
     if runs.empty or bandwidth.empty:
         return {}
-    return {"host_figures": {"bandwidth_gbs": _round(float(bandwidth.median())),
-                             "matmul_gflops": _round(float(matmul.median())) if not matmul.empty else None,
+    return {"host_figures": {"bandwidth_gbs": rounded(float(bandwidth.median())),
+                             "matmul_gflops": rounded(float(matmul.median())) if not matmul.empty else None,
                              "n_runs": int(len(runs))}}
 
 
@@ -243,11 +236,6 @@ def fit_table(dataset: Dataset, masks: dict[str, np.ndarray] | None = None, *, n
                 eng["families"][scope.scope[7:]] = entry
             else:
                 eng["devices"][scope.scope[7:]] = entry
-        from calibration.overlays import (  # they read this module's helpers
-            fit_era_overlays,
-            fit_physics_prior,
-        )
-
         physics = fit_physics_prior(eng, engine)
         if physics:
             eng["physics"] = physics
@@ -257,10 +245,5 @@ def fit_table(dataset: Dataset, masks: dict[str, np.ndarray] | None = None, *, n
         if checks:
             eng["era_checks"] = checks
     return table
-
-
-def _with_prior(table: dict[str, Any], prior: Coefficients | None) -> Coefficients:
-    """The fitted table as ``predict`` will read it: alone, or (a user's fit) its device scopes over the prior."""
-    return prior.with_devices_from(Coefficients(table)) if prior is not None else Coefficients(table)
 
 

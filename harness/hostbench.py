@@ -169,7 +169,7 @@ def engine_probe_samples(timeout_s: float = 300.0) -> tuple[list[float], list[fl
     """Run the probe in the harness's engine child: GFLOP/s and GB/s per repetition, and the engine's version."""
     from harness.engines.runner import run_engine
     from harness.measurements import build_measurements
-    from harness.protocol import log_path_for, prepare_config, prepare_weights
+    from harness.runconfig import log_path_for, prepare_config, prepare_weights
 
     cfg = prepare_config(probe_config())
     weights, _info = prepare_weights(cfg)

@@ -2,7 +2,7 @@
 
 A run record is one JSON document describing one measured (or failed) configuration. This module is
 the contract between the harness that writes records and the calibration that reads them, so it imports
-no engine: only the standard library, numpy and pandas.
+no engine: only the standard library.
 
 Layout on disk: ``<runs_dir>/<engine>/<device>/<model>/<id>.json``. Records are written atomically
 (temporary file in the same directory, fsync, then a link or rename that never overwrites).

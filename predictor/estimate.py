@@ -27,6 +27,7 @@ from predictor.devices import Device, resolve_device
 from predictor.engines import traits
 from predictor.eras import era_description, era_for_build
 from predictor.errors import BenchcalError, non_negative, positive
+from predictor.launch import launch_commands
 from predictor.models import resolve_model
 from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype, resolve_quant
 from predictor.weights import (
@@ -493,7 +494,5 @@ def predict(
         era=era_description(eng, dev.kind, era, engine_build, cset),
     )
     if launch:
-        from predictor.launch import launch_commands  # local: launch builds a sibling prediction
-
-        est.launch = launch_commands(est)
+        est.launch = launch_commands(est, predict)
     return est

@@ -8,6 +8,7 @@ a vLLM ``--gpu-memory-utilization`` derived from the predicted need rather than 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,10 +99,10 @@ def vllm_command(est: Estimate, vllm_est: Estimate | None) -> str:
     return " ".join(parts)
 
 
-def launch_commands(est: Estimate) -> dict[str, str]:
-    """Both engines' commands; the vLLM one comes from a sibling vLLM prediction when needed."""
+def launch_commands(est: Estimate, predict: Callable[..., Estimate]) -> dict[str, str]:
+    """Both engines' commands; the vLLM one comes from a sibling vLLM prediction (``predict``: the function that
+    made ``est``, passed in so that this module does not import its caller) when needed."""
     from predictor.errors import BenchcalError
-    from predictor.estimate import predict
 
     vllm_est = None
     if est.engine != "vllm" and "vllm" in est.device.engines:

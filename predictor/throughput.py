@@ -1,6 +1,6 @@
 """Throughput formulas: decode step time, prefill time, TTFT.
 
-Decode (DESIGN.md): time per step = fixed + per-layer fixed * L + weight bytes / (eta_bw * BW)
+Decode: time per step = fixed + per-layer fixed * L + weight bytes / (eta_bw * BW)
 + KV bytes / (eta_kv * BW) + KV bytes * (reads - 1) * kv_reread / BW + quantized bytes * ops per byte / FLOPS
 (unified-memory GPUs and the CPU, whose ALUs unpack weights at a rate close to their bandwidth:
 ``estimate.evaluate``), where the weights are the active ones (a batch of B sequences reads them once per step),

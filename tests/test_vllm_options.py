@@ -8,6 +8,7 @@ import pytest
 
 from harness import synthetic_hf
 from harness.engines import vllm as vllm_engine
+from harness.engines import vllm_options
 from harness.engines.vllm_child import kv_need_bytes, llm_kwargs
 from predictor.errors import BenchcalError
 from predictor.models import resolve_model
@@ -91,7 +92,7 @@ def test_cpu_config_becomes_eager_pinned_llm_arguments(cache):
     assert kwargs["disable_log_stats"] is False  # per-request metrics need stats
     need = kv_need_bytes(config, 1024, 2, "f16", "x")
     assert resolved["kv_need_bytes"] == need
-    assert kwargs["kv_cache_memory_bytes"] == vllm_engine.pinned_kv_cache_bytes(need) > need
+    assert kwargs["kv_cache_memory_bytes"] == vllm_options.pinned_kv_cache_bytes(need) > need
     assert resolved["kv_pool"] == "pinned"
 
 
@@ -120,14 +121,14 @@ def test_user_mistakes_in_vllm_options_are_one_line_errors(cache):
 
 
 def test_fp8_kv_and_weights_map_to_vllm_names():
-    assert vllm_engine.kv_cache_dtype("fp8") == "fp8" and vllm_engine.kv_bytes_per_element("fp8") == 1
-    assert vllm_engine.kv_cache_dtype("bf16") == "auto" and vllm_engine.kv_bytes_per_element("bf16") == 2
+    assert vllm_options.kv_cache_dtype("fp8") == "fp8" and vllm_options.kv_bytes_per_element("fp8") == 1
+    assert vllm_options.kv_cache_dtype("bf16") == "auto" and vllm_options.kv_bytes_per_element("bf16") == 2
 
 
 def test_default_options_say_how_the_kv_pool_is_sized():
-    cpu = vllm_engine.default_engine_options({"device": "cpu"})
+    cpu = vllm_options.default_engine_options({"device": "cpu"})
     assert cpu == {"kv_pool": "pinned", "enforce_eager": True, "gpu_memory_utilization": 0.3}
-    gpu = vllm_engine.default_engine_options({"device": "l4", "engine_options": {"enforce_eager": True}})
+    gpu = vllm_options.default_engine_options({"device": "l4", "engine_options": {"enforce_eager": True}})
     assert gpu["enforce_eager"] is True and gpu["gpu_memory_utilization"] == 0.9
 
 

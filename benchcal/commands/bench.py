@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchcal.commands.comparison import NullFile, fmt, render_comparison
 from harness import record_tables, records
 from predictor.errors import BenchcalError, positive
 
@@ -275,50 +276,6 @@ def _sweep_config(config: dict[str, Any], args: argparse.Namespace, device: str)
     return out
 
 
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
-
-
-def render_comparison(stored: list[dict[str, Any]], paths: list[str]) -> str:
-    """Measured vs predicted, one row per run, as a plain-text table."""
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="measured vs predicted", show_lines=False)
-    for title in ("model", "quant", "ctx", "status", "TTFT ms", "prefill tok/s", "decode tok/s", "peak GiB",
-                  "verdict"):
-        table.add_column(title, justify="right" if title not in ("model", "status", "verdict") else "left")
-    for record, path in zip(stored, paths, strict=True):
-        row = record_tables.run_row(path, record)
-        memory_gib = row["peak_memory_bytes"] / GIB if row["peak_memory_bytes"] else None
-        table.add_row(
-            str(row["model"]), str(row["quant"]), str(row["context"]),
-            row["status"] + ("" if not row["prediction_error"] else " (prediction error)"),
-            f"{_fmt(row['ttft_ms'])} / {_fmt(row['pred_ttft_ms'])}",
-            f"{_fmt(row['prefill_tok_s'], 0)} / {_fmt(row['pred_prefill_tok_s'], 0)}",
-            f"{_fmt(row['decode_tok_s'])} / {_fmt(row['pred_decode_tok_s'])}",
-            f"{_fmt(memory_gib, 2)} / {_fmt(row['pred_memory_total_gib'], 2)}",
-            str(row["pred_verdict"] or "-"),
-        )
-    console = Console(record=True, width=140, file=_Null())
-    console.print(table)
-    console.print("measured / predicted; peak memory: " + ", ".join(
-        sorted({str(r['memory'].get('peak_source')) for r in stored})))
-    return console.export_text()
-
-
-class _Null:
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        return None
-
-
 # -------------------------------------------------------------------------------------------------- runs
 
 
@@ -352,8 +309,8 @@ def _runs_table(frame: Any) -> str:
             value = row.get(column)
             if column == "peak_memory_bytes" and value == value and value is not None:
                 value = f"{value / GIB:.2f} GiB"
-            cells.append(_fmt(value))
+            cells.append(fmt(value))
         table.add_row(*cells)
-    console = Console(record=True, width=200, file=_Null())
+    console = Console(record=True, width=200, file=NullFile())
     console.print(table)
     return console.export_text()

@@ -60,7 +60,7 @@ def run_default(args: argparse.Namespace, root: Path, device: str,
              f"{sweep.name} sweep against its predictions")
         configs = [prepare_config(_on(c, device, args)) for c in sweep.configs]
         outcomes = measure(configs, args.timeout or sweep.timeout_s)
-        from benchcal.commands.bench import render_comparison
+        from benchcal.commands.comparison import render_comparison
 
         print(render_comparison([o.record for o in outcomes], [str(o.path) for o in outcomes]))
         return 0 if all(o.record["status"] == "ok" for o in outcomes) else 1

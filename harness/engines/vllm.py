@@ -4,7 +4,8 @@ The engine object runs in the harness's child process; the work that needs vLLM 
 ``LLM``, driving requests step by step, reading the model's modules) lives in
 :mod:`harness.engines.vllm_child` and is imported only by :meth:`VllmEngine.load`, so importing this module
 never needs vLLM installed. :func:`parse_memory_breakdown` and :data:`VLLM_OOM_PATTERNS` are pure text
-functions the parent uses on the child's log.
+functions the parent uses on the child's log; the engine's options and their defaults
+(:mod:`harness.engines.vllm_options`) are imported by both sides.
 
 Memory figures vLLM prints (read from vLLM's source; the installed 0.32.0 and older releases):
 
@@ -34,13 +35,16 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.engines.base import DecodeTiming, Engine, LoadInfo, PromptTiming
+from harness.engines.vllm_options import (
+    INVENTORY_PREFIX,
+    OPTIONS_PREFIX,
+)
 
 GIB = 2**30
 MIB = 2**20
@@ -132,10 +136,8 @@ _RULES: tuple[tuple[tuple[str, ...], re.Pattern[str], Any], ...] = (
 )
 
 # Written by harness.engines.vllm_child after load: figures read from the model's modules in the worker.
-INVENTORY_PREFIX = "benchcal-vllm inventory:"
 _INVENTORY = re.compile(re.escape(INVENTORY_PREFIX) + r" weights_bytes=(\d+) kv_cache_tensor_bytes=(\d+)")
 # Written by harness.engines.vllm_child before building the LLM: the arguments it was given (JSON).
-OPTIONS_PREFIX = "benchcal-vllm options:"
 _OPTIONS = re.compile(re.escape(OPTIONS_PREFIX) + r" (\{.*\})\s*$")
 
 
@@ -207,76 +209,6 @@ def _derive(found: dict[str, Any], lines: list[str], sources: dict[str, str]) ->
     out["sources"] = sources
     out["raw_lines"] = lines
     return out
-
-
-# ------------------------------------------------------------------------------------------ options
-
-CPU_MEMORY_UTILIZATION = 0.3  # fraction of host memory vLLM's CPU backend reserves when KV is profiled
-GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
-
-
-def default_engine_options(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The run config's vLLM engine options with the harness's defaults filled in (call before hashing).
-
-    ``kv_pool``: "pinned" (``kv_cache_memory_bytes`` set to the need of ``batch`` sequences of ``context``
-    tokens, so memory measured is memory needed) or "profiled" (vLLM sizes the pool from
-    ``gpu_memory_utilization``; on CPU a fraction of host memory). ``enforce_eager``: True on CPU (no
-    graphs there), False on GPUs (CUDA graphs, vLLM's default).
-    """
-    options = dict(config.get("engine_options") or {})
-    on_cpu = str(config.get("device", "cpu")) == "cpu"
-    options.setdefault("kv_pool", "pinned")
-    options.setdefault("enforce_eager", on_cpu)
-    options.setdefault("gpu_memory_utilization", CPU_MEMORY_UTILIZATION if on_cpu else GPU_MEMORY_UTILIZATION)
-    return options
-
-
-
-def kv_cache_dtype(kv_dtype: str | None) -> str:
-    """vLLM's ``kv_cache_dtype`` for the record's ``kv_dtype``: f16/bf16/auto -> "auto", fp8 kinds kept."""
-    name = (kv_dtype or "auto").lower()
-    if name in ("f16", "fp16", "float16", "bf16", "bfloat16", "auto"):
-        return "auto"
-    if name.startswith("fp8"):
-        return name
-    from predictor.errors import BenchcalError
-
-    raise BenchcalError(f"kv dtype {kv_dtype!r} is not supported by vLLM (supported: f16, bf16, fp8)")
-
-
-def kv_bytes_per_element(kv_dtype: str | None, model_dtype_bytes: int = 2) -> int:
-    """Bytes per cached K or V element: 1 for fp8, else the model dtype's size (2 for f16/bf16)."""
-    return 1 if kv_cache_dtype(kv_dtype).startswith("fp8") else model_dtype_bytes
-
-
-def round_up_tokens(tokens: int, block_tokens: int) -> int:
-    """``tokens`` rounded up to whole blocks of ``block_tokens``."""
-    return int(math.ceil(tokens / block_tokens) * block_tokens)
-
-
-def pinned_kv_cache_bytes(kv_need_bytes: int, margin_fraction: float = 0.05) -> int:
-    """KV pool to pin (bytes): the need plus a margin for vLLM's per-group padding of hybrid models.
-
-    ``kv_need_bytes`` is what ``batch`` sequences of the context, rounded up to whole blocks, hold.
-    """
-    return int(math.ceil(kv_need_bytes * (1.0 + margin_fraction)))
-
-
-def hf_text_config(hf_config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The language-model part of an HF config (``text_config`` of multimodal configs, else the config)."""
-    text = hf_config.get("text_config")
-    return text if isinstance(text, Mapping) else hf_config
-
-
-def special_token_ids(hf_config: Mapping[str, Any]) -> set[int]:
-    """BOS/EOS/PAD ids named in an HF config (ints or lists of ints)."""
-    ids: set[int] = set()
-    for source in (hf_config, hf_text_config(hf_config)):
-        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            value = source.get(key)
-            values = value if isinstance(value, list) else [value]
-            ids.update(int(v) for v in values if isinstance(v, int))
-    return ids
 
 
 # ------------------------------------------------------------------------------------------- engine

@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.engines.base import DecodeTiming, LoadInfo, PromptTiming, random_token_ids
-from harness.engines.vllm import (
+from harness.engines.vllm_options import (
     INVENTORY_PREFIX,
     OPTIONS_PREFIX,
+    QUANT_SETTINGS,
     default_engine_options,
     hf_text_config,
     kv_bytes_per_element,
@@ -50,15 +51,6 @@ from predictor.errors import BenchcalError
 
 # Tokens per block used to size a pinned KV pool (vLLM's CPU backend uses 128-token blocks, GPUs 16).
 KV_ROUNDING_TOKENS = 128
-# quant (record) -> (vLLM dtype, vLLM quantization) for weights vLLM can produce from a config alone.
-QUANT_SETTINGS: dict[str, tuple[str, str | None]] = {
-    "auto": ("auto", None),
-    "bf16": ("bfloat16", None),
-    "f16": ("float16", None),
-    "fp16": ("float16", None),
-    "f32": ("float32", None),
-    "fp8": ("auto", "fp8"),
-}
 
 
 def module_inventory(model: Any) -> dict[str, int]:
