@@ -30,6 +30,7 @@ from predictor.errors import BenchcalError, non_negative, positive
 from predictor.launch import launch_commands
 from predictor.models import resolve_model
 from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype, resolve_quant
+from predictor.serving import DEFAULT_GPU_MEMORY_UTILIZATION, kv_pool
 from predictor.weights import (
     WEIGHTS_FROM_FILE,
     cpu_kernel_kwargs,
@@ -118,7 +119,9 @@ def evaluate(
     if et.layer_offload:
         frac = np.round(frac * L) / L
     out_on_device = frac == 0.0
-    dev_w = (1.0 - frac) * layer_w + np.where(out_on_device, out_w, 0.0) + np.where(on_gpu, 0.0, host_embd)
+    # the input embedding of an untied model: on the device, except llama.cpp's on a discrete GPU (host memory)
+    own_embd = embd_w if arch.params_output else 0.0
+    dev_w = (1.0 - frac) * layer_w + np.where(out_on_device, out_w, 0.0) + own_embd - np.where(on_gpu, host_embd, 0.0)
     host_w = total_w - dev_w
     repack_share = np.asarray(cpu_repack, float)
     repack = mem.cpu_repack_bytes(layer_w, np.where(kind == "cpu", repack_share, 0.0)) if et.cpu_kernel_paths else 0.0
@@ -283,6 +286,7 @@ class Estimate:
     throughput_offload_fraction: float = 0.0  # the offload the speeds assume (the recommended one when needed)
     launch: dict[str, str] = field(default_factory=dict)
     era: dict[str, Any] = field(default_factory=dict)  # the engine build era used (see era_description)
+    serving: dict[str, Any] | None = None  # vLLM on a GPU: its KV pool and concurrency (predictor.serving)
 
     @property
     def weights_bits_per_weight(self) -> float | None:
@@ -364,6 +368,7 @@ class Estimate:
                 "coefficient_sources": {k: c.source_of(k) for k in sorted(c.values)},
                 "era": dict(self.era),
             },
+            "serving": dict(self.serving) if self.serving else None,
             "launch": dict(self.launch),
         }
 
@@ -413,6 +418,7 @@ def predict(
     enforce_eager: bool = False,
     launch: bool = True,
     engine_build: str | int | None = None,
+    gpu_memory_utilization: float | None = None,
 ) -> Estimate:
     """Predict memory, fit and throughput for one configuration.
 
@@ -421,6 +427,7 @@ def predict(
     ``coefficients``: a path, a loaded table, ``None`` for engine defaults, or ``"default"`` for the
     committed calibration table when present. ``engine_build``: the engine build (llama.cpp build number) or
     version (vLLM) to predict for; its era's fitted values are used (default: the newest era with data).
+    ``gpu_memory_utilization``: vLLM's share of the device its KV pool is sized from (default 0.9, as ``vllm serve``).
     """
     eng = normalize_engine(engine)
     arch = model if isinstance(model, ModelArch) else resolve_model(model)
@@ -436,6 +443,8 @@ def predict(
     positive("--gpus", device_count)
     positive("--n-ubatch", n_ubatch)
     non_negative("--offload", offload_fraction)
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        raise BenchcalError(f"--gpu-memory-utilization is a fraction of the device in (0, 1], got {gpu_memory_utilization}")
     if offload_fraction > 1:
         raise BenchcalError(f"--offload is a fraction of the layers, between 0 and 1, got {offload_fraction}")
     require_context(arch, context)
@@ -493,6 +502,7 @@ def predict(
         weights_source=weights_source, host_bandwidth_gbs=host_bw, throughput_offload_fraction=throughput_offload,
         era=era_description(eng, dev.kind, era, engine_build, cset),
     )
+    est.serving = kv_pool(est, gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION)
     if launch:
         est.launch = launch_commands(est, predict)
     return est

@@ -105,6 +105,15 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
         [f"TTFT ({thr['prompt_tokens']:,}-token prompt)", missing if thr["ttft_ms"] is None else f"{thr['ttft_ms']:.0f} ms"],
         ["Cost per 1M output tokens", f"${cost:.2f} at ${g['cloud_usd_per_hour']}/h" if cost else "— (no hourly price)"],
     ], ["Quantity", "Value"])
+    serving = d.get("serving")
+    if serving:
+        rep.add("Serving (vLLM KV pool)", "kv", [
+            ["KV pool per GPU", f"{serving['kv_pool_gib']:.2f} GiB at gpu_memory_utilization "
+                                f"{serving['gpu_memory_utilization']:g}"],
+            ["KV pool", f"{serving['kv_pool_tokens']:,} tokens"],
+            [f"Concurrent sequences at {serving['context']:,} tokens", f"{serving['max_concurrent_sequences']:,}"],
+            ["Formula", serving["formula"]],
+        ], ["Quantity", "Value"])
     band = cal["error_band"]
     rep.add("Calibration", "kv", [
         ["Status", cal["status"], ""],

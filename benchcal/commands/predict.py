@@ -93,6 +93,7 @@ def cmd_predict(args) -> int:
         offload_fraction=args.offload, flash_attn=not args.no_flash_attn, n_ubatch=args.n_ubatch,
         coefficients=table, host_bandwidth_gbs=args.host_bw_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else None),
         host_memory_gib=args.host_mem_gib, engine_build=args.engine_build,
+        gpu_memory_utilization=args.gpu_memory_utilization,
     )
     emit(render(predict_report(est, table), args.format), args)
     return 0
@@ -168,6 +169,8 @@ def register(sub) -> None:
     p.add_argument("--engine-build", default=None, help="engine build to predict for: a llama.cpp build number "
                    "(7474 or b7474) or a vLLM version; its era's fitted values are used (default: the newest era "
                    "with data; eras in predictor/data/engine_eras.json)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM: share of each GPU it may use, "
+                   "its KV pool being what is left after weights and runtime (default 0.9, as vllm serve)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("leaderboard", help="every device: status, total/usable, decode, TTFT, max safe context",

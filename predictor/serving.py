@@ -1,0 +1,59 @@
+"""vLLM's KV pool and how many sequences it holds, as vLLM sizes them on a GPU.
+
+vLLM's GPU worker profiles one forward pass, then gives the KV cache what is left of its share of the device:
+
+    kv_pool = gpu_memory_utilization x device memory - (weights + non-torch + activation peak + CUDA graphs)
+
+(``vllm/v1/worker/gpu_worker.py``, ``determine_available_memory``: "Available KV cache memory"; the CUDA context
+is part of the non-torch memory it measures). The predictor's memory model gives each term per device (the weights
+on the device, ``runtime_bytes``: the fixed runtime, ``vllm_non_torch_gib``, ``vllm_graph_gib`` and the profile
+run's activations), so the pool is that formula over them. The pool is cut into blocks of
+``traits("vllm").kv_block_tokens`` tokens; vLLM logs it as "GPU KV cache size: N tokens" and "Maximum
+concurrency for C tokens per request: N / C x" (``vllm/v1/core/kv_cache_utils.py``), which
+``max_concurrent_sequences`` is (whole sequences: rounded down).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from predictor import memory as mem
+from predictor.engines import traits
+
+GIB = float(2**30)
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vllm serve's default (EngineArgs.gpu_memory_utilization)
+
+
+def kv_pool(est: Any, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> dict[str, Any] | None:
+    """``{kv_pool_gib, kv_pool_tokens, max_concurrent_sequences, gpu_memory_utilization, formula}`` for a
+    vLLM prediction on a GPU (``est``: a :class:`predictor.estimate.Estimate`), per device of a tensor-parallel
+    group; None for another engine or device kind (llama.cpp sizes its cache by ``--ctx`` instead)."""
+    if not traits(est.engine).profiled_runtime or est.device.kind != "gpu":
+        return None
+    v = est.values
+    n = max(int(est.device_count), 1)
+    per_device_weights = float(v["weights_bytes"]) / n
+    per_device_runtime = float(v["runtime_bytes"]) / n
+    requested = gpu_memory_utilization * est.device.memory_gib * GIB
+    pool = max(requested - per_device_weights - per_device_runtime, 0.0)
+    # KV bytes one sequence of the asked context takes on each device (sliding windows capped, blocks rounded)
+    per_sequence = float(mem.kv_cache_bytes(est.model, est.context, 1, _kv_bytes(est), est.engine)) / n
+    tokens = int(pool / per_sequence * est.context) if per_sequence > 0 else 0
+    block = traits(est.engine).kv_block_tokens
+    tokens -= tokens % block
+    return {
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "kv_pool_gib": round(pool / GIB, 3),
+        "kv_pool_tokens": tokens,
+        "max_concurrent_sequences": int(pool // per_sequence) if per_sequence > 0 else 0,
+        "context": est.context,
+        "formula": (f"{gpu_memory_utilization:g} x {est.device.memory_gib:g} GiB - weights "
+                    f"{per_device_weights / GIB:.2f} GiB - runtime {per_device_runtime / GIB:.2f} GiB (fixed, "
+                    "non-torch, CUDA graphs, profile-run activations) per device"),
+    }
+
+
+def _kv_bytes(est: Any) -> float:
+    from predictor.quants import resolve_kv_dtype
+
+    return resolve_kv_dtype(est.kv_dtype, est.engine).bytes_per_element
