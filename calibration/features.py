@@ -33,6 +33,7 @@ from predictor.engines import traits
 from predictor.errors import BenchcalError
 from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_HOST_MEMORY_GIB, device_kwargs, evaluate
 from predictor.quants import resolve_kv_dtype, resolve_quant
+from predictor.registry import FIT_TERMS, REGISTRY
 from predictor.weights import cpu_kernel_kwargs, format_bits, known_weights_bytes
 
 NEUTRAL_INVERSE = 1e200  # an efficiency this large removes its term (bytes / (eta * BW) ~ 0)
@@ -64,32 +65,7 @@ class Term:
 # Which evaluate() output each quantity is, and the coefficients that enter it linearly.
 QUANTITY_OUTPUT = {"decode": "decode_step_s", "prefill": "prefill_s", "memory": "total_bytes"}
 QUANTITY_TERMS: dict[str, tuple[Term, ...]] = {
-    "decode": (
-        Term("decode_fixed_ms", False),
-        Term("decode_fixed_per_layer_us", False),
-        Term("decode_bw_efficiency", True),
-        Term("decode_kv_efficiency", True),
-        Term("decode_kv_reread", False),
-        Term("decode_dequant_flops_per_byte", False),
-        Term("decode_generic_flops_per_byte", False),
-        Term("host_bw_efficiency", True),
-    ),
-    "prefill": (
-        Term("prefill_fixed_ms", False),
-        Term("decode_bw_efficiency", True),  # the bandwidth-bound branch of each ubatch (held from decode)
-        Term("prefill_compute_efficiency", True),
-        Term("prefill_f16_efficiency", True),
-        Term("prefill_attn_efficiency", True),
-        Term("prefill_scores_efficiency", True),
-        Term("prefill_dequant_bytes_per_weight", False),
-        Term("prefill_unpack_flops_per_weight", False),
-        Term("prefill_generic_flops_per_weight", False),
-        Term("prefill_q8_flops_per_weight", False),
-    ),
-    "memory": (
-        Term("runtime_fixed_gib", False),
-        Term("compute_buffer_scale", False),
-    ),
+    quantity: tuple(Term(name, REGISTRY[name].inverse) for name in names) for quantity, names in FIT_TERMS.items()
 }
 
 

@@ -28,6 +28,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 
 from calibration.features import Features, Term, combine
 from predictor.models import load_catalogue
+from predictor.registry import REGISTRY
 
 MAX_CONDITION = 30.0  # column-normalized condition number above which a design is called degenerate
 TRIM_MADS = 4.0
@@ -42,28 +43,8 @@ PREFILL_ITERATIONS = 12
 # llama.cpp's int8 MMQ kernels run at twice that rate. The KV read efficiency stays at most 1 although
 # llama.cpp without flash attention re-reads each K/V row once per query head (caches serve part of those
 # reads): the same coefficient serves flash attention, which reads each row once, from DRAM.
-BOUNDS: dict[str, tuple[float, float]] = {
-    "decode_fixed_ms": (0.0, 1000.0),
-    "decode_fixed_per_layer_us": (0.0, 10000.0),
-    "decode_bw_efficiency": (0.02, 1.0),
-    "decode_kv_efficiency": (0.02, 1.0),
-    "decode_kv_reread": (0.0, 50.0),
-    "decode_dequant_flops_per_byte": (0.0, 1000.0),
-    "decode_generic_flops_per_byte": (0.0, 1000.0),
-    "host_bw_efficiency": (0.02, 2.0),
-    "prefill_fixed_ms": (0.0, 10000.0),
-    "prefill_compute_efficiency": (0.005, 2.0),
-    "prefill_f16_efficiency": (0.005, 4.0),
-    "prefill_attn_efficiency": (0.005, 1.0),
-    "prefill_scores_efficiency": (0.005, 1.0),
-    "prefill_dequant_bytes_per_weight": (0.0, 100.0),
-    "prefill_unpack_flops_per_weight": (0.0, 1000.0),
-    "prefill_generic_flops_per_weight": (0.0, 1000.0),
-    "prefill_q8_flops_per_weight": (0.0, 1000.0),
-    "runtime_fixed_gib": (0.0, 64.0),
-    "compute_buffer_scale": (0.0, 20.0),
-}
-CPU_UPPER = {"decode_bw_efficiency": 2.0, "prefill_compute_efficiency": 4.0, "prefill_attn_efficiency": 4.0}
+BOUNDS: dict[str, tuple[float, float]] = {c.name: c.bounds for c in REGISTRY.values() if c.bounds is not None}
+CPU_UPPER = {c.name: c.cpu_upper for c in REGISTRY.values() if c.cpu_upper is not None}
 # When the design is degenerate, drop these first (kept last: the efficiencies, the physics).
 DROP_ORDER = ("decode_fixed_per_layer_us", "decode_kv_efficiency", "decode_kv_reread", "decode_generic_flops_per_byte",
               "decode_dequant_flops_per_byte",

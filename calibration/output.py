@@ -16,16 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from predictor.coefficients import COEFFICIENT_NAMES, ENGINE_DEFAULTS
+from predictor.registry import REGISTRY
 
 CSV_COLUMNS = ("engine", "scope", "name", "coefficient", "value", "uncertainty", "identified", "quantity", "n_runs",
                "n_points", "devices", "models", "engine_versions", "cv", "cv_mape", "note")
-UNITS = {
-    "decode_fixed_ms": "ms", "decode_fixed_per_layer_us": "us/layer", "decode_bw_efficiency": "of peak BW",
-    "decode_kv_reread": "peak-BW bytes per byte",
-    "host_bw_efficiency": "of host BW", "prefill_fixed_ms": "ms", "prefill_compute_efficiency": "of peak FLOPS",
-    "prefill_f16_efficiency": "of probed CPU FLOPS",
-    "prefill_attn_efficiency": "of peak FLOPS", "runtime_fixed_gib": "GiB", "compute_buffer_scale": "x analytical",
-}
 
 
 def scopes(table: dict[str, Any]):
@@ -161,7 +155,7 @@ def to_markdown(table: dict[str, Any], runs_dirs: list[str] | None = None) -> st
             shown_versions = ", ".join(versions) if len(versions) <= 2 else (
                 f"{len(versions)} versions: {versions[0]} … {versions[-1]}")
             out.append(
-                f"| {coeff} | {_num(item.get('value'))} | {_num(item.get('uncertainty'))} | {UNITS.get(coeff, '')} "
+                f"| {coeff} | {_num(item.get('value'))} | {_num(item.get('uncertainty'))} | {REGISTRY[coeff].unit} "
                 f"| {'yes' if item.get('identified') else 'held'} | {item.get('n_runs', '—')} "
                 f"| {item.get('n_points', '—')} | {shown_devices} | {', '.join(item.get('models') or [])} "
                 f"| {shown_versions} | {_pct(item.get('cv_mape'))} |")

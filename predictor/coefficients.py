@@ -12,46 +12,8 @@ Coefficients file (JSON)::
                                "families": {"hbm3e/hopper": {...}},
                                "devices": {"h200": {...}}}}}
 
-Names and units (every coefficient is physical so a fitted table can be read):
-
-- ``decode_fixed_ms``            fixed time per decode step, ms (sampling, graph launch, host sync)
-- ``decode_fixed_per_layer_us``  fixed time per decode step per layer, microseconds (kernel launches)
-- ``decode_bw_efficiency``       achieved / peak memory bandwidth while streaming the weights, 0-1
-- ``decode_kv_efficiency``       achieved / peak memory bandwidth while attention reads the KV cache once, 0-1
-- ``decode_kv_reread``           cost of each further read of a cached K/V row by another query head of its group
-                                 (llama.cpp without flash attention), in peak-bandwidth bytes per byte: 1 / the
-                                 KV efficiency when every re-read comes from DRAM, less where the GPU's cache holds
-                                 the rows between the query heads (0-50)
-- ``decode_dequant_flops_per_byte``  operations per byte of quantized weights unpacked in a decode step, at the
-                                 device's peak FLOPS (unified-memory GPUs: Apple's ALUs run near their bandwidth
-                                 limit; the CPU: its measured FP32 rate)
-- ``decode_generic_flops_per_byte``  llama.cpp on a CPU: operations more per quantized byte on its generic dot
-                                 products (Q5_0, Q6_K, ...: neither repacked nor Q8_0), at the probed matmul rate
-- ``prefill_fixed_ms``           fixed time per prompt, ms
-- ``prefill_dequant_bytes_per_weight``  device-memory traffic per quantized weight per ubatch when an old llama.cpp
-                                 CUDA build dequantizes the weights to an FP16 buffer for cuBLAS (read quantized,
-                                 write FP16, ...), bytes at peak bandwidth; current builds (MMQ) do not
-- ``prefill_unpack_flops_per_weight``  operations per quantized weight and prompt token a unified-memory GPU spends
-                                 unpacking weight tiles in its matmul kernels (Metal), at peak FLOPS; fitted per
-                                 device and family only
-- ``prefill_generic_flops_per_weight``  operations per weight and prompt token llama.cpp's generic CPU matmul path
-                                 (quantized formats it does not repack into its GEMM layouts: Q5_0, Q6_K, ...)
-                                 spends beyond the repacked kernels' rate, at the probed matmul rate; CPU only
-- ``prefill_q8_flops_per_weight``  the same for Q8_0 weights, whose dot product unpacks no sub-block scales; CPU only
-- ``prefill_compute_efficiency`` achieved / peak dense FP16 FLOPS for the weight matmuls, 0-1 (CPU: of the probed
-                                 matmul rate, for the repacked and generic paths)
-- ``prefill_f16_efficiency``     llama.cpp on a CPU: achieved / probed matmul rate for F16/BF16/F32 weights
-                                 (llamafile's GEMM, the path the probe itself runs: near 1)
-- ``prefill_attn_efficiency``    achieved / peak FLOPS for attention (grows with n^2), 0-1 (flash attention, vLLM)
-- ``prefill_scores_efficiency``  achieved / peak bandwidth writing the f32 attention scores once, 0-1 (llama.cpp
-                                 without flash attention: the scores go through memory several times)
-- ``runtime_fixed_gib``          engine + driver context (CUDA context, allocator pools, interpreter on CPU), GiB
-- ``compute_buffer_scale``       multiplier on the analytical activation/compute buffer, dimensionless
-- ``reserve_gib``                device memory kept free for driver/display/OS, GiB (discrete GPUs)
-- ``host_bw_efficiency``         achieved / peak host bandwidth for layers offloaded to the host, 0-1
-- ``pcie_gbs``                   host-to-device bandwidth used when offloaded weights are streamed for prefill, GB/s
-- ``tp_allreduce_us``            latency of one tensor-parallel all-reduce, microseconds
-- ``vllm_graph_gib`` / ``vllm_non_torch_gib``  vLLM CUDA-graph pool and non-torch allocations, GiB
+Every coefficient's name, unit, meaning and default with its source are declared once in
+:mod:`predictor.registry`.
 """
 
 from __future__ import annotations
@@ -63,102 +25,7 @@ from typing import Any
 
 from predictor.engines import ENGINES
 from predictor.errors import BenchcalError
-
-COEFFICIENT_NAMES = (
-    "decode_fixed_ms",
-    "decode_fixed_per_layer_us",
-    "decode_bw_efficiency",
-    "decode_kv_efficiency",
-    "decode_kv_reread",
-    "decode_dequant_flops_per_byte",
-    "decode_generic_flops_per_byte",
-    "prefill_fixed_ms",
-    "prefill_dequant_bytes_per_weight",
-    "prefill_unpack_flops_per_weight",
-    "prefill_generic_flops_per_weight",
-    "prefill_q8_flops_per_weight",
-    "prefill_compute_efficiency",
-    "prefill_f16_efficiency",
-    "prefill_attn_efficiency",
-    "prefill_scores_efficiency",
-    "runtime_fixed_gib",
-    "compute_buffer_scale",
-    "reserve_gib",
-    "host_bw_efficiency",
-    "pcie_gbs",
-    "tp_allreduce_us",
-    "vllm_graph_gib",
-    "vllm_non_torch_gib",
-)
-
-_CALC = "uncalibrated: a constant share of peak bandwidth, as public VRAM calculators assume (0.65-0.87)"
-_KV = "uncalibrated: the same share of peak bandwidth as the weights (calculators do not separate the two)"
-_REREAD = ("uncalibrated: every re-read of a K/V row by another query head of its group reaches DRAM, at the"
-           " KV read's default share of peak bandwidth (1 / 0.75)")
-_DEQUANT = "uncalibrated: decode is taken as purely bandwidth bound, as the public calculators assume"
-_GENERIC = "uncalibrated: every CPU matmul format taken at one compute efficiency"
-_UNPACK = "not fitted engine-wide: prefill on a unified-memory GPU is taken as purely matmul bound unless its device or family was measured"
-_SCORES = ("uncalibrated: the f32 scores are written, read by the softmax, written and read again: four "
-           "passes at peak bandwidth")
-_F16 = ("uncalibrated: the host matmul probe is llama.cpp's own F16 prefill (harness.hostbench), so F16 weights run "
-        "at its rate")
-_DESIGN = "uncalibrated: a CUDA context and allocator pools take about 100-600 MiB depending on the GPU"
-
-# Uncalibrated defaults. Each value says where it comes from; calibration replaces them.
-ENGINE_DEFAULTS: dict[str, dict[str, tuple[float, str]]] = {
-    "llama.cpp": {
-        "decode_fixed_ms": (0.0, "uncalibrated: no fixed term, as the public calculators assume"),
-        "decode_fixed_per_layer_us": (0.0, "uncalibrated: no per-layer term, as the public calculators assume"),
-        "decode_bw_efficiency": (0.75, _CALC + "; midpoint"),
-        "decode_kv_efficiency": (0.75, _KV),
-        "decode_kv_reread": (1 / 0.75, _REREAD),
-        "decode_dequant_flops_per_byte": (0.0, _DEQUANT),
-        "decode_generic_flops_per_byte": (0.0, _DEQUANT),
-        "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
-        "prefill_dequant_bytes_per_weight": (0.0, "uncalibrated: no dequantization traffic"),
-        "prefill_unpack_flops_per_weight": (0.0, _UNPACK),
-        "prefill_generic_flops_per_weight": (0.0, _GENERIC),
-        "prefill_q8_flops_per_weight": (0.0, _GENERIC),
-        "prefill_compute_efficiency": (0.40, "uncalibrated: a typical share of dense tensor peak for quantized matmuls"),
-        "prefill_f16_efficiency": (1.0, _F16),
-        "prefill_attn_efficiency": (0.40, "uncalibrated: same as the matmul efficiency"),
-        "prefill_scores_efficiency": (0.25, _SCORES),
-        "runtime_fixed_gib": (0.35, _DESIGN + "; midpoint"),
-        "compute_buffer_scale": (1.0, "analytical buffer sizes of llama.cpp's graph (logits, FFN, attention scores)"),
-        "reserve_gib": (0.5, "uncalibrated: driver/display reserve on a discrete GPU"),
-        "host_bw_efficiency": (0.6, "uncalibrated: share of peak DDR bandwidth reached by CPU matmul-vec"),
-        "pcie_gbs": (25.0, "PCIe 4.0 x16 practical host-to-device rate (32 GB/s theoretical)"),
-        "tp_allreduce_us": (20.0, "uncalibrated: PCIe all-reduce latency"),
-        "vllm_graph_gib": (0.0, "not used by llama.cpp"),
-        "vllm_non_torch_gib": (0.0, "not used by llama.cpp"),
-    },
-    "vllm": {
-        "decode_fixed_ms": (0.0, "uncalibrated: no fixed term, as the public calculators assume"),
-        "decode_fixed_per_layer_us": (0.0, "uncalibrated: no per-layer term"),
-        "decode_bw_efficiency": (0.75, _CALC + "; midpoint"),
-        "decode_kv_efficiency": (0.75, _KV),
-        "decode_kv_reread": (1 / 0.75, _REREAD),
-        "decode_dequant_flops_per_byte": (0.0, _DEQUANT),
-        "decode_generic_flops_per_byte": (0.0, "not used by vLLM"),
-        "prefill_fixed_ms": (0.0, "uncalibrated: no fixed term"),
-        "prefill_dequant_bytes_per_weight": (0.0, "uncalibrated: no dequantization traffic"),
-        "prefill_unpack_flops_per_weight": (0.0, _UNPACK),
-        "prefill_generic_flops_per_weight": (0.0, _GENERIC),
-        "prefill_q8_flops_per_weight": (0.0, _GENERIC),
-        "prefill_compute_efficiency": (0.50, "uncalibrated: a typical share of dense tensor peak for FP16 GEMMs"),
-        "prefill_f16_efficiency": (1.0, "not used by vLLM"),
-        "prefill_attn_efficiency": (0.50, "uncalibrated: same as the matmul efficiency"),
-        "prefill_scores_efficiency": (0.25, _SCORES),
-        "runtime_fixed_gib": (0.50, _DESIGN + "; upper half (torch + CUDA context)"),
-        "compute_buffer_scale": (1.0, "analytical activation peak of vLLM's profile run"),
-        "reserve_gib": (0.5, "uncalibrated: driver/display reserve on a discrete GPU"),
-        "host_bw_efficiency": (0.6, "uncalibrated: share of peak DDR bandwidth"),
-        "pcie_gbs": (25.0, "PCIe 4.0 x16 practical host-to-device rate (32 GB/s theoretical)"),
-        "tp_allreduce_us": (20.0, "uncalibrated: PCIe all-reduce latency"),
-        "vllm_graph_gib": (0.5, "uncalibrated: vLLM logs 'Graph capturing finished ... took 0.3-1 GiB'"),
-        "vllm_non_torch_gib": (0.3, "uncalibrated: vLLM's non_torch_memory line, a few hundred MiB"),
-    },
-}
+from predictor.registry import COEFFICIENT_NAMES, ENGINE_DEFAULTS
 
 DEFAULT_SOURCE = "engine defaults (predictor/coefficients.py, uncalibrated)"
 

@@ -18,6 +18,7 @@ from predictor.engines import traits
 from predictor.estimate import GIB, VERDICTS, Estimate, predict
 from predictor.grid import sweep
 from predictor.quants import QuantFormat, quant_formats, resolve_kv_dtype, resolve_quant
+from predictor.registry import REGISTRY
 from predictor.render import Chart, Report
 from predictor.weights import (
     WEIGHTS_FROM_WIDTH,
@@ -123,12 +124,7 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
         ["Error band", ", ".join(f"{k} ±{v * 100:.0f}%" for k, v in band.items()) or "— (uncalibrated)",
          cal.get("error_band_source") or ""],
         *[[k, f"{v:g}", cal["coefficient_sources"][k]] for k, v in cal["coefficients"].items()
-          if (traits(est.engine).profiled_runtime or not k.startswith("vllm_"))
-          and (k != "decode_dequant_flops_per_byte" or est.device.kind in ("unified", "cpu"))  # where they act
-          and (k != "prefill_unpack_flops_per_weight" or est.device.kind == "unified")
-          and (k not in ("prefill_generic_flops_per_weight", "prefill_q8_flops_per_weight", "prefill_f16_efficiency",
-                         "decode_generic_flops_per_byte") or est.device.kind == "cpu")
-          and k != "prefill_dequant_bytes_per_weight"],  # old CUDA builds only: never in a prediction
+          if REGISTRY[k].acts(est.engine, est.device.kind)],  # where it enters this prediction
     ], ["Coefficient", "Value", "Source"])
     # Context scaling.
     rows, xs, totals, decodes = [], [], [], []
