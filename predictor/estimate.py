@@ -297,7 +297,7 @@ class Estimate:
         return VERDICTS[int(self.values["verdict"])]
 
     def to_dict(self) -> dict[str, Any]:
-        """The stable JSON contract of ``benchcal predict --format json`` (documented in the README)."""
+        """The stable JSON contract of ``benchcal predict --format json`` (documented in docs/commands.md)."""
         v = self.values
         d, m = self.device, self.model
         price = d.cloud_usd_per_hour
