@@ -311,18 +311,19 @@ def store_new_records(text: str, items: list[Any], runs_dir: str | Path, label: 
     ``build(i, item, import_key)`` returns (record or None to skip, message or None). Returns (paths, messages).
     """
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    seen = existing_import_keys(runs_dir)
     written, messages = [], []
-    for i, item in enumerate(items):
-        key = f"{digest}:{i}"
-        if key in seen:
-            messages.append(f"{label} {i + 1}: already imported")
-            continue
-        record, message = build(i, item, key)
-        if message:
-            messages.append(f"{label} {i + 1}: {message}")
-        if record is not None:
-            written.append(records.write_record(records.sanitize_record(record), runs_dir))
+    with records.store_lock(runs_dir):  # another import of the same file waits, then finds these records
+        seen = existing_import_keys(runs_dir)
+        for i, item in enumerate(items):
+            key = f"{digest}:{i}"
+            if key in seen:
+                messages.append(f"{label} {i + 1}: already imported")
+                continue
+            record, message = build(i, item, key)
+            if message:
+                messages.append(f"{label} {i + 1}: {message}")
+            if record is not None:
+                written.append(records.write_record(records.sanitize_record(record), runs_dir))
     return written, messages
 
 

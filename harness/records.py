@@ -13,6 +13,7 @@ per second (``*_tok_s``), memory is in bytes (``*_bytes``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
 import hashlib
@@ -314,6 +315,24 @@ def _publish_without_overwrite(tmp: Path, final: Path) -> bool:
         return True
     os.unlink(tmp)
     return True
+
+
+@contextlib.contextmanager
+def store_lock(runs_dir: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive lock on a runs directory while reading what it holds and writing to it, so that writers
+    in parallel processes (imports that skip what is stored) see each other's records. The lock file lives in the
+    system's temporary directory, keyed by the directory's real path: nothing is added to the runs directory."""
+    import fcntl
+
+    key = hashlib.sha256(str(Path(runs_dir).expanduser().resolve()).encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / "benchcal-locks" / f"{key}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def write_record(record: dict[str, Any], runs_dir: str | os.PathLike[str], attempts: int = 20) -> Path:

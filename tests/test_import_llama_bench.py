@@ -200,3 +200,25 @@ def test_catalogue_plan_matches_the_sizes_llama_bench_printed_for_the_apple_file
         planned, source = known_weights_bytes(resolve_model(model), resolve_quant(quant), "llama.cpp")
         assert source == "llama-quantize tensor types", name
         assert planned == pytest.approx(size, rel=0.005), name
+
+
+IMPORTER = """
+import sys
+from calibration.importers import import_llama_bench
+import_llama_bench(sys.argv[1], model="llama-3-8b", runs_dir=sys.argv[2])
+"""
+
+
+def test_parallel_imports_of_one_file_store_what_one_import_stores(tmp_path):
+    import subprocess
+    import sys
+
+    source = XD / "4090_v3-8b-q4_k_m-cell11.md"
+    once, _ = import_llama_bench(source, model="llama-3-8b", runs_dir=tmp_path / "once")
+    root = tmp_path / "parallel"
+    importers = [subprocess.Popen([sys.executable, "-c", IMPORTER, str(source), str(root)]) for _ in range(8)]
+    assert all(p.wait(timeout=300) == 0 for p in importers)
+    stored = [s.record for s in records.iter_records(root)]
+    keys = [r["provenance"]["import_key"] for r in stored]
+    assert len(stored) == len(once) == 8 and len(set(keys)) == 8  # no duplicate, none lost
+    assert not [p for p in root.rglob("*") if p.is_file() and p.suffix != ".json"]  # the lock lives elsewhere
