@@ -268,6 +268,12 @@ def catalogue_devices_report(devices: Sequence[Device]) -> Report:
     return rep
 
 
+def _decode_or_zero(values: dict[str, float]) -> float:
+    """A candidate's decode rate for ranking: 0 where the catalogue cannot give one (ranked last, never first)."""
+    rate = values["decode_tok_s"]
+    return float(rate) if np.isfinite(rate) else 0.0
+
+
 def recommend_report(arch: ModelArch, context: int, quant: str | None = None, engine: str = "llama.cpp", *,
                      min_decode: float = 0.0, budget_usd: float | None = None, table: Coefficients | None = None,
                      prompt_tokens: int = 4096, rig_sizes: Sequence[int] = (1, 2, 4, 8)) -> Report:
@@ -288,7 +294,8 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
                   with_max_context=False)
         for i, d in enumerate(pool):
             v = {k: float(a[i, 0, 0, 0]) for k, a in r.items()}
-            if v["verdict"] != 0 or v["decode_tok_s"] < min_decode:
+            known = bool(np.isfinite(v["decode_tok_s"]))  # no bandwidth in the catalogue: decode unknown
+            if v["verdict"] != 0 or (min_decode > 0 and not known) or (known and v["decode_tok_s"] < min_decode):
                 continue
             price = d.price_usd * n if d.price_usd else None
             if budget_usd is not None and (price is None or price > budget_usd):
@@ -299,15 +306,16 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
         priced = [c for c in pool if c[3]]
         if priced:
             return min(priced, key=lambda c: (c[3], -c[2]["decode_tok_s"]))
-        return max(pool, key=lambda c: c[2]["decode_tok_s"]) if pool else None
+        return max(pool, key=lambda c: _decode_or_zero(c[2])) if pool else None
 
     picks = [
         ("Best single GPU", cheapest([c for c in candidates if c[1] == 1 and c[0].kind == "gpu"])),
-        ("Best value (tok/s per $)", max((c for c in candidates if c[3]), key=lambda c: c[2]["decode_tok_s"] / c[3],
-                                         default=None)),
+        ("Best value (tok/s per $)", max((c for c in candidates if c[3] and np.isfinite(c[2]["decode_tok_s"])),
+                                         key=lambda c: c[2]["decode_tok_s"] / c[3], default=None)),
         ("Unified memory", cheapest([c for c in candidates if c[0].kind == "unified"])),
         ("Multi-GPU", cheapest([c for c in candidates if c[1] > 1])),
-        ("Fastest", max(candidates, key=lambda c: c[2]["decode_tok_s"], default=None)),
+        ("Fastest", max((c for c in candidates if np.isfinite(c[2]["decode_tok_s"])),
+                        key=lambda c: c[2]["decode_tok_s"], default=None)),
         ("Cloud from", min((c for c in candidates if c[0].cloud_usd_per_hour), default=None,
                            key=lambda c: c[0].cloud_usd_per_hour * c[1])),
     ]

@@ -120,3 +120,18 @@ def test_malformed_config_names_the_missing_field(tmp_path):
     p = run("predict", "--model", str(cfg), "--gpu", "l4")
     assert p.returncode == 2
     assert "missing field" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_recommend_never_picks_a_device_whose_decode_is_unknown():
+    import math
+
+    from predictor.models import resolve_model
+    from predictor.reports import recommend_report
+
+    arch = resolve_model("qwen2.5-72b")
+    for min_decode in (0.0, 20.0, 500.0):
+        picks = recommend_report(arch, 8192, min_decode=min_decode).data["picks"]
+        for pick in picks:  # the H20 141GB has no bandwidth figure in the catalogue: its decode is unknown
+            assert pick["decode_tok_s"] is not None and math.isfinite(pick["decode_tok_s"]), (min_decode, pick)
+            assert pick["decode_tok_s"] >= min_decode
+    assert recommend_report(arch, 8192, min_decode=500.0).data["picks"] == []
