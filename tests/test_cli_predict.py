@@ -104,6 +104,23 @@ def test_report_commands_run_in_every_format(command):
     (["matrix", "--model", "qwen2.5-72b", "--gpu", "l4", "--contexts", "4096,x"], "comma-separated"),
     (["recommend", "--model", "qwen2.5-72b", "--ctx", "-5"], "positive"),
     (["recommend", "--model", "qwen2.5-72b", "--ctx", "8192", "--budget", "0"], "positive"),
+    # numbers an option cannot mean are refused while parsing, before anything runs
+    (["predict", "--model", "qwen2.5-7b", "--gpu", "l4", "--host-mem-gib", "inf"], "finite"),
+    (["predict", "--model", "qwen2.5-7b", "--gpu", "l4", "--host-bw-gbs", "0"], "positive"),
+    (["predict", "--model", "qwen2.5-7b", "--gpu", "l4", "--cpu-bw-gbs", "nan"], "finite"),
+    (["predict", "--model", "qwen2.5-7b", "--gpu", "l4", "--offload", "1.5"], "between 0 and 1"),
+    (["predict", "--model", "qwen2.5-7b", "--gpu", "l4", "--gpu-memory-utilization", "0"], "above 0"),
+    (["predict", "--model", "qwen2.5-7b", "--gpu", "l4", "--prompt", "99999"], "does not fit the context"),
+    (["predict", "--model", "qwen2.5-7b", "--gpu", "l4", "--n-ubatch", "-512"], "positive"),
+    (["matrix", "--model", "qwen2.5-7b", "--gpu", "l4", "--contexts", ""], "comma-separated"),
+    (["matrix", "--model", "qwen2.5-7b", "--gpu", "l4", "--contexts=-1,0"], "--contexts"),
+    (["recommend", "--model", "qwen2.5-7b", "--ctx", "8192", "--min-decode", "-5"], "zero or a positive"),
+    (["recommend", "--model", "qwen2.5-7b", "--ctx", "8192", "--min-decode", "inf"], "finite"),
+    (["calibrate", "--runs-dir", "runs", "--bootstrap", "-1", "--out", "/tmp/never-written"], "zero or a positive"),
+    (["runs", "--runs-dir", "/nonexistent/runs"], "no such directory"),
+    (["bench", "--model", "smollm2-135m", "--gpu", "cpu", "--timeout", "nan"], "finite"),
+    (["bench", "--model", "smollm2-135m", "--gpu", "cpu", "--timeout", "0"], "positive"),
+    (["bench", "--model", "smollm2-135m", "--gpu", "cpu", "--reps", "0"], "positive"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(args, fragment):
     p = run(*args)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchcal.argtypes import non_negative_int, positive_float, positive_int
 from benchcal.commands.comparison import NullFile, fmt, render_comparison
 from harness import record_tables, records
 from predictor.errors import BenchcalError, positive
@@ -58,23 +59,23 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--engine", default="llama.cpp", help="llama.cpp, vllm, or transformers (a torch fallback on GPUs; default llama.cpp)")
     bench.add_argument("--quant", default=None, help="weight format: F16, Q8_0, Q4_0, Q4_K_M, ... "
                        "(default Q4_K_M for llama.cpp)")
-    bench.add_argument("--ctx", type=int, default=2048, help="context length in tokens (default 2048)")
+    bench.add_argument("--ctx", type=positive_int, default=2048, help="context length in tokens (default 2048)")
     bench.add_argument("--prompt", default="128,512", help="prompt lengths in tokens, comma-separated (default 128,512)")
-    bench.add_argument("--gen", type=int, default=64, help="tokens to generate per decode run (default 64)")
-    bench.add_argument("--reps", type=int, default=5, help="measured repetitions (default 5)")
-    bench.add_argument("--warmup", type=int, default=1, help="warm-up runs before the repetitions (default 1)")
+    bench.add_argument("--gen", type=non_negative_int, default=64, help="tokens to generate per decode run (default 64)")
+    bench.add_argument("--reps", type=positive_int, default=5, help="measured repetitions (default 5)")
+    bench.add_argument("--warmup", type=non_negative_int, default=1, help="warm-up runs before the repetitions (default 1)")
     bench.add_argument("--kv-dtype", default="f16", help="KV cache dtype: f16, q8_0, ... (default f16)")
     bench.add_argument("--flash-attn", action="store_true", help="enable flash attention (llama.cpp)")
     bench.add_argument("--n-gpu-layers", type=int, default=None, help="layers on the GPU (llama.cpp; default all)")
     bench.add_argument("--weights", default="synthetic", help="synthetic (default), hub, or a path to a .gguf")
-    bench.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores, "
+    bench.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: physical cores, "
                        "one fewer without SMT so the memory sampler has a hardware thread)")
     bench.add_argument("--override", action="append", default=[], metavar="KEY=N",
                        help="shrink a synthetic model, e.g. --override num_layers=4 --override vocab_size=4096 "
                        "(recorded in the config)")
     bench.add_argument("--sweep", default=None, help="a sweep TOML file, or the name of a shipped sweep")
     bench.add_argument("--no-resume", action="store_true", help="with --sweep: re-measure configs already stored")
-    bench.add_argument("--timeout", type=float, default=None, help="seconds per run before it is killed (default 900)")
+    bench.add_argument("--timeout", type=positive_float, default=None, help="seconds per run before it is killed (default 900)")
     bench.add_argument("--runs-dir", default=None, help="where records go (default: $BENCHCAL_RUNS, else "
                        "$BENCHCAL_HOME/runs)")
     bench.set_defaults(func=cmd_bench)
@@ -280,7 +281,10 @@ def _sweep_config(config: dict[str, Any], args: argparse.Namespace, device: str)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    frame = record_tables.load_runs(records.runs_dir(args.runs_dir),
+    root = records.runs_dir(args.runs_dir)
+    if args.runs_dir and not Path(root).is_dir():
+        raise BenchcalError(f"--runs-dir {args.runs_dir}: no such directory")
+    frame = record_tables.load_runs(root,
                               on_error=lambda path, message: print(f"benchcal: skipping {path}: {message}",
                                                                    file=sys.stderr))
     for column in ("model", "engine", "device", "status"):

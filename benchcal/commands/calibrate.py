@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from benchcal.argtypes import non_negative_int
 from predictor.errors import BenchcalError, positive
 from predictor.render import FORMATS
 
@@ -192,7 +193,7 @@ def register(sub) -> None:
                    "calibration/ only when named, as make refit does)")
     p.add_argument("--prior", default="auto", help="table the fit starts from and falls back to: auto (the shipped "
                    "table, or none when fitting the shipped runs), shipped, none, or a coefficients.json")
-    p.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples for uncertainties (default 100)")
+    p.add_argument("--bootstrap", type=non_negative_int, default=100, help="bootstrap resamples for uncertainties (default 100)")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("report", help="measured vs predicted (engine defaults and calibrated) for every run",

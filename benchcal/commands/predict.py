@@ -6,12 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from benchcal.argtypes import fraction, non_negative_float, positive_float, positive_int, share
 from predictor.coefficients import Coefficients, default_coefficients, load_coefficients
 from predictor.devices import Device, load_devices, resolve_device
 from predictor.engines import traits
 from predictor.eras import era_for_build
 from predictor.errors import BenchcalError, positive
-from predictor.estimate import predict, require_context
+from predictor.estimate import DEFAULT_PROMPT_TOKENS, predict, require_context
 from predictor.models import load_catalogue, resolve_model
 from predictor.quants import normalize_engine
 from predictor.render import FORMATS, render
@@ -35,13 +36,13 @@ def _add_common(p: argparse.ArgumentParser, *, gpu: bool = True, quant: bool = T
         p.add_argument("--quant", default=None, help="Q4_K_M, Q8_0, F16, BF16, FP8, AWQ, ... (default: the GGUF's "
                        "own, else Q4_K_M for llama.cpp / BF16 for vLLM)")
     if ctx:
-        p.add_argument("--ctx", type=int, default=8192, help="context length in tokens (default 8192)")
+        p.add_argument("--ctx", type=positive_int, default=8192, help="context length in tokens (default 8192)")
     p.add_argument("--engine", default="llama.cpp", help="llama.cpp or vllm (default llama.cpp)")
     p.add_argument("--coefficients", default=None, help="coefficients.json from `benchcal calibrate` (default: the "
                    "shipped calibration/coefficients.json, with your own fit's devices over it)")
     p.add_argument("--defaults", action="store_true", help="ignore calibrated coefficients; use engine defaults")
-    p.add_argument("--cpu-bw-gbs", type=float, default=None, help="host memory bandwidth, GB/s (default: measured)")
-    p.add_argument("--cpu-tflops", type=float, default=None, help="host matmul rate, TFLOPS (default: measured with "
+    p.add_argument("--cpu-bw-gbs", type=positive_float, default=None, help="host memory bandwidth, GB/s (default: measured)")
+    p.add_argument("--cpu-tflops", type=positive_float, default=None, help="host matmul rate, TFLOPS (default: measured with "
                    "llama.cpp's F16 kernels)")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     p.add_argument("--output", "-o", default=None, help="write to FILE instead of stdout")
@@ -83,6 +84,9 @@ def emit(text: str, args) -> None:
 
 
 def cmd_predict(args) -> int:
+    if args.prompt is not None and args.prompt > args.ctx:
+        raise BenchcalError(f"--prompt {args.prompt} does not fit the context of {args.ctx} tokens (--ctx)")
+    args.prompt = args.prompt or min(DEFAULT_PROMPT_TOKENS, args.ctx)
     if args.engine_build is not None:  # validated before the host probe or any prediction runs
         era_for_build(normalize_engine(args.engine), args.engine_build)
     table = _table(args)
@@ -115,12 +119,14 @@ def cmd_matrix(args) -> int:
     engine = normalize_engine(args.engine)
     arch = resolve_model(args.model)
     contexts = None
-    if args.contexts:
+    if args.contexts is not None:
         try:
             contexts = [int(x) for x in args.contexts.split(",")]
         except ValueError:
-            raise BenchcalError(f"--contexts takes comma-separated integers, got '{args.contexts}'") from None
+            raise BenchcalError(f"--contexts takes comma-separated positive integers, got '{args.contexts}'") from None
         for c in contexts:
+            if c <= 0:
+                raise BenchcalError(f"--contexts takes comma-separated positive integers, got '{args.contexts}'")
             require_context(arch, c)
     rep = matrix_report(arch, resolve_gpu(args), engine, contexts=contexts, table=_table(args),
                         device_count=positive("--gpus", args.gpus), kv_dtype=args.kv_dtype)
@@ -156,20 +162,20 @@ def register(sub) -> None:
                        "--quant Q4_K_M --ctx 8192\n  benchcal predict --model qwen2.5-72b --gpu h200 --ctx 32768 "
                        "--format json")
     _add_common(p)
-    p.add_argument("--prompt", type=int, default=4096, help="prompt length for TTFT, tokens (default 4096)")
-    p.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
+    p.add_argument("--prompt", type=positive_int, default=None, help="prompt length for TTFT, tokens (default 4096, or the context when shorter)")
+    p.add_argument("--batch", type=positive_int, default=1, help="concurrent sequences (default 1)")
     p.add_argument("--kv-dtype", default=None, help="f16, bf16, q8_0, q4_0 (llama.cpp); bf16, fp8 (vLLM)")
-    p.add_argument("--gpus", type=int, default=1, help="number of devices (tensor parallel for vLLM, layer split "
+    p.add_argument("--gpus", type=positive_int, default=1, help="number of devices (tensor parallel for vLLM, layer split "
                    "for llama.cpp)")
-    p.add_argument("--offload", type=float, default=0.0, help="fraction of layers kept in host RAM (0-1)")
+    p.add_argument("--offload", type=fraction, default=0.0, help="fraction of layers kept in host RAM (0-1)")
     p.add_argument("--no-flash-attn", action="store_true", help="predict with flash attention off")
-    p.add_argument("--n-ubatch", type=int, default=512, help="llama.cpp physical batch (default 512)")
-    p.add_argument("--host-bw-gbs", type=float, default=None, help="host RAM bandwidth for offloaded layers, GB/s")
-    p.add_argument("--host-mem-gib", type=float, default=None, help="host RAM available for offload, GiB (default 64)")
+    p.add_argument("--n-ubatch", type=positive_int, default=512, help="llama.cpp physical batch (default 512)")
+    p.add_argument("--host-bw-gbs", type=positive_float, default=None, help="host RAM bandwidth for offloaded layers, GB/s")
+    p.add_argument("--host-mem-gib", type=positive_float, default=None, help="host RAM available for offload, GiB (default 64)")
     p.add_argument("--engine-build", default=None, help="engine build to predict for: a llama.cpp build number "
                    "(7474 or b7474) or a vLLM version; its era's fitted values are used (default: the newest era "
                    "with data; eras in predictor/data/engine_eras.json)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM: share of each GPU it may use, "
+    p.add_argument("--gpu-memory-utilization", type=share, default=None, help="vLLM: share of each GPU it may use, "
                    "its KV pool being what is left after weights and runtime (default 0.9, as vllm serve)")
     p.set_defaults(func=cmd_predict)
 
@@ -177,8 +183,8 @@ def register(sub) -> None:
                        formatter_class=RAW, epilog="example:\n  benchcal leaderboard --model qwen2.5-72b --quant Q4_K_M "
                        "--ctx 32768")
     _add_common(p, gpu=False)
-    p.add_argument("--prompt", type=int, default=4096, help="prompt length for TTFT, tokens (default 4096)")
-    p.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
+    p.add_argument("--prompt", type=positive_int, default=4096, help="prompt length for TTFT, tokens (default 4096)")
+    p.add_argument("--batch", type=positive_int, default=1, help="concurrent sequences (default 1)")
     p.add_argument("--kv-dtype", default=None, help="KV cache type")
     p.set_defaults(func=cmd_leaderboard)
 
@@ -186,7 +192,7 @@ def register(sub) -> None:
                        epilog="example:\n  benchcal matrix --model qwen2.5-72b --gpu rtx-pro-6000")
     _add_common(p, quant=False, ctx=False)
     p.add_argument("--contexts", default=None, help="comma-separated contexts (default 4K..model maximum)")
-    p.add_argument("--gpus", type=int, default=1, help="number of devices")
+    p.add_argument("--gpus", type=positive_int, default=1, help="number of devices")
     p.add_argument("--kv-dtype", default=None, help="KV cache type")
     p.set_defaults(func=cmd_matrix)
 
@@ -194,8 +200,8 @@ def register(sub) -> None:
                        formatter_class=RAW, epilog="example:\n  benchcal recommend --model qwen2.5-72b --ctx 32768 "
                        "--min-decode 20 --budget 10000")
     _add_common(p, gpu=False)
-    p.add_argument("--min-decode", type=float, default=None, help="minimum decode speed, tok/s")
-    p.add_argument("--budget", type=float, default=None, help="maximum purchase price, USD")
+    p.add_argument("--min-decode", type=non_negative_float, default=None, help="minimum decode speed, tok/s")
+    p.add_argument("--budget", type=positive_float, default=None, help="maximum purchase price, USD")
     p.set_defaults(func=cmd_recommend)
 
     p = sub.add_parser("models", help="list the model catalogue", formatter_class=RAW,

@@ -1,0 +1,38 @@
+"""Argument types for the CLI's numeric options: each refuses what its option cannot mean (zero, negative,
+not a number, infinite, out of range) while the command line is parsed, before anything runs, as one
+``benchcal: error:`` line and exit code 2 (``benchcal.cli._Parser``)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def _number(kind: type, text: str) -> float | int:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def _checked(kind: type, test: Callable[[float], bool], wanted: str) -> Callable[[str], float | int]:
+    def parse(text: str) -> float | int:
+        value = _number(kind, text)
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+        return value
+
+    parse.__name__ = f"{kind.__name__} ({wanted})"  # argparse names the type in its messages
+    return parse
+
+
+positive_int = _checked(int, lambda v: v > 0, "a positive integer")
+non_negative_int = _checked(int, lambda v: v >= 0, "zero or a positive integer")
+positive_float = _checked(float, lambda v: v > 0, "a positive number")
+non_negative_float = _checked(float, lambda v: v >= 0, "zero or a positive number")
+fraction = _checked(float, lambda v: 0 <= v <= 1, "a fraction between 0 and 1")
+share = _checked(float, lambda v: 0 < v <= 1, "a fraction above 0 and at most 1")
