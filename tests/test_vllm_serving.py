@@ -6,6 +6,7 @@ import pytest
 
 from benchcal.cli import main
 from predictor import memory as mem
+from predictor.errors import BenchcalError
 from predictor.estimate import predict
 from predictor.serving import DEFAULT_GPU_MEMORY_UTILIZATION
 
@@ -42,9 +43,12 @@ def test_the_kv_pool_is_what_vllms_share_of_the_device_leaves():
 
 def test_serving_is_vllms_on_a_gpu_only_and_bad_utilization_is_refused(capsys, tmp_path):
     assert predict("llama-3.1-8b", "h100-sxm", "Q4_K_M", 8192, coefficients=None, launch=False).serving is None
-    assert main(["predict", "--engine", "vllm", "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
-                 "--gpu-memory-utilization", "1.5"]) == 2
-    assert "--gpu-memory-utilization" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # refused while the command line is parsed
+        main(["predict", "--engine", "vllm", "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
+              "--gpu-memory-utilization", "1.5"])
+    assert refused.value.code == 2 and "--gpu-memory-utilization" in capsys.readouterr().err
+    with pytest.raises(BenchcalError):
+        predict("llama-3.1-8b", "h100-sxm", "BF16", 8192, "vllm", coefficients=None, gpu_memory_utilization=1.5)
     out = tmp_path / "p.json"
     assert main(["predict", "--engine", "vllm", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--format", "json",
                  "--gpu-memory-utilization", "0.8", "--output", str(out)]) == 0
