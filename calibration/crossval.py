@@ -146,11 +146,6 @@ def error_metrics(dataset: Dataset, predictions: dict[str, np.ndarray]) -> dict[
         origin = np.where(block.meta["source"].to_numpy() == "imported", "imported", "measured")
         for name in ("imported", "measured"):
             out["origins"].setdefault(name, {})[q] = summarize_errors(errors[origin == name])
-            for kind in sorted({k for k in kinds if k}):
-                rows = (origin == name) & (kinds == kind)
-                if rows.any():
-                    out.setdefault("origin_kinds", {}).setdefault(name, {}).setdefault(kind, {})[q] = \
-                        summarize_errors(errors[rows])
     return out
 
 
