@@ -26,7 +26,6 @@ def _checked(kind: type, test: Callable[[float], bool], wanted: str) -> Callable
             raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
         return value
 
-    parse.__name__ = f"{kind.__name__} ({wanted})"  # argparse names the type in its messages
     return parse
 
 

@@ -203,6 +203,19 @@ def distinct(values) -> list[str]:
     return sorted({str(v) for v in values if v is not None and v == v})
 
 
+def provenance(block: Block, rows: np.ndarray) -> dict[str, Any]:
+    """Which runs a fitted value rests on: counts, devices, models, engine versions and build eras of ``rows``."""
+    meta = block.meta.iloc[rows]
+    return {
+        "n_runs": int(meta["id"].nunique()),
+        "n_points": int(len(rows)),
+        "devices": distinct(meta["device_id"]),
+        "models": distinct(meta["model_key"]),
+        "engine_versions": distinct(meta["engine_version"]),
+        "eras": distinct(meta["era"]) if "era" in meta else [],
+    }
+
+
 def rounded(x: float) -> float:
     """A fitted figure as the table stores it: six significant digits."""
     return float(f"{float(x):.6g}")

@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from calibration.dataset import Block, Dataset, as_predicted, distinct, rounded
+from calibration.dataset import Block, Dataset, as_predicted, provenance, rounded
 from calibration.fit import TermRegressor
 from predictor.coefficients import Coefficients
+from predictor.devices import KINDS
 
 MIN_PRIOR_DEVICES = 4  # a regression on device figures from fewer devices than this is not a prior
 
@@ -35,10 +36,9 @@ def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
     for kind, rows in sorted(points.items()):
         bw = [(d, dev, float(e["decode_bw_efficiency"]["value"])) for d, dev, e in rows
               if (e.get("decode_bw_efficiency") or {}).get("identified")]
-        fl = [(d, math.log(float(e["prefill_compute_efficiency"]["value"])),
-               math.log(flops_per_byte(dev.matmul_tflops(engine), dev.bandwidth_gbs)))
-              for d, dev, e in rows if (e.get("prefill_compute_efficiency") or {}).get("identified")
-              and flops_per_byte(dev.matmul_tflops(engine), dev.bandwidth_gbs)]
+        ratios = {d: flops_per_byte(dev.matmul_tflops(engine), dev.bandwidth_gbs) for d, dev, _ in rows}
+        fl = [(d, math.log(float(e["prefill_compute_efficiency"]["value"])), math.log(ratios[d]))
+              for d, _, e in rows if (e.get("prefill_compute_efficiency") or {}).get("identified") and ratios[d]]
         entry: dict[str, Any] = {}
         classes: dict[str, list[tuple[str, float]]] = {}
         for d, dev, value in bw:
@@ -94,7 +94,7 @@ def fit_era_overlays(dataset: Dataset, table: dict[str, Any], engine: str,
     pooled = as_predicted(table, prior)
     out: dict[str, Any] = {}
     checks: list[dict[str, Any]] = []
-    for kind in ("gpu", "unified", "cpu"):
+    for kind in KINDS:
         rows_of: dict[str, np.ndarray] = {}
         for quantity in ("decode", "prefill"):
             block = dataset.blocks[quantity]
@@ -135,7 +135,7 @@ def _fit_era_terms(block: Block, rows: np.ndarray, pooled: Coefficients,
     measured gets (its family, else the engine scope); (entries, in-era MAPEs of that fallback without and with
     the era's values)."""
     from calibration.dataset import row_coefficient_sets, weights_for
-    from calibration.features import Features, combine
+    from calibration.features import combine
 
     terms = block.features.terms
     free = [j for j, t in enumerate(terms) if t.name in names]
@@ -149,9 +149,9 @@ def _fit_era_terms(block: Block, rows: np.ndarray, pooled: Coefficients,
     if len(rows) < 3:
         return {}, {}
     held = np.array([j not in free for j in range(len(terms))])
-    x = block.features.x[rows].copy()
-    x[:, held] *= weights[:, held]  # a held term enters at its run's own weight: start weight 1
-    local = Features(block.quantity, terms, block.features.offset[rows], x, np.ones(len(rows), bool))
+    plain = block.features.take(rows)
+    local = block.features.take(rows)
+    local.x[:, held] *= weights[:, held]  # a held term enters at its run's own weight: start weight 1
     start = np.where(held, 1.0, np.median(weights, axis=0))
     y = block.y[rows]
     cpu = bool(np.all(block.meta["kind"].to_numpy()[rows] == "cpu"))
@@ -161,17 +161,12 @@ def _fit_era_terms(block: Block, rows: np.ndarray, pooled: Coefficients,
         return {}, {}
     if any(fit.fitted_[j] and terms[j].value(fit.coef_[j]) < 0 for j in free):
         return {}, {}  # a negative fixed time beside other devices' per-layer terms: not physical
-    plain = Features(block.quantity, terms, block.features.offset[rows], block.features.x[rows],
-                     np.ones(len(rows), bool))
     errors = {"pooled": rounded(_mape(combine(plain, weights), y)),
               "era": rounded(_mape(combine(local, np.tile(fit.coef_, (len(rows), 1))), y))}
     entries = {}
     for j in free:
         if not fit.fitted_[j]:
             continue
-        entries[terms[j].name] = {
-            "value": rounded(float(terms[j].value(fit.coef_[j]))), "identified": True, "quantity": block.quantity,
-            "n_runs": int(meta["id"].nunique()), "n_points": int(len(rows)), "devices": distinct(meta["device_id"]),
-            "models": distinct(meta["model_key"]), "engine_versions": distinct(meta["engine_version"]),
-            "n_trimmed": fit.n_trimmed_}
+        entries[terms[j].name] = {"value": rounded(float(terms[j].value(fit.coef_[j]))), "identified": True,
+                                  "quantity": block.quantity, **provenance(block, rows), "n_trimmed": fit.n_trimmed_}
     return entries, errors

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from calibration.dataset import QUANTITIES, Block, Dataset, distinct, rounded
+from calibration.dataset import QUANTITIES, Block, Dataset, provenance, rounded
 from calibration.fit import TermRegressor, acts_on
 from calibration.overlays import fit_era_overlays, fit_physics_prior
 from predictor.coefficients import ENGINE_DEFAULTS, Coefficients
@@ -59,18 +59,6 @@ def _parent_values(table: dict[str, Any], engine: str, scope: str, family: str |
         values.update({name: float(item["value"]) for name, item in entry.items()
                        if isinstance(item, dict) and "value" in item and name in values})
     return values
-
-
-def _provenance(block: Block, rows: np.ndarray) -> dict[str, Any]:
-    meta = block.meta.iloc[rows]
-    return {
-        "n_runs": int(meta["id"].nunique()),
-        "n_points": int(len(rows)),
-        "devices": distinct(meta["device_id"]),
-        "models": distinct(meta["model_key"]),
-        "engine_versions": distinct(meta["engine_version"]),
-        "eras": distinct(meta["era"]) if "era" in meta else [],
-    }
 
 
 def _bootstrap_std(block: Block, rows: np.ndarray, start: np.ndarray, chosen: list[int], cpu: bool,
@@ -128,7 +116,7 @@ def fit_scope_quantity(block: Block, mask: np.ndarray, parent: dict[str, float],
             continue  # the term never acts on these runs (e.g. host bandwidth without offload)
         value = float(term.value(fit.coef_[j]))
         # provenance: the runs the term acts on (the dequantization term only on some devices, say)
-        prov = _provenance(block, rows[touches[:, j]] if acting[j] else rows)
+        prov = provenance(block, rows[touches[:, j]] if acting[j] else rows)
         entry = {"value": rounded(value), "uncertainty": rounded(spread[j]) if np.isfinite(spread[j]) else None,
                  "identified": identified, "quantity": block.quantity, **prov, "n_trimmed": fit.n_trimmed_}
         if not identified:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from predictor.engines import ENGINES
+from predictor.eras import era_terms, eras, run_era
 from predictor.errors import BenchcalError
 from predictor.registry import COEFFICIENT_NAMES, ENGINE_DEFAULTS
 
@@ -69,8 +70,6 @@ def _entry_eras(engine: str, entry: dict[str, Any]) -> set[str | None]:
     """The eras of the runs a coefficient was fitted on: its ``eras`` list, else read from its engine versions."""
     if isinstance(entry.get("eras"), list):
         return set(entry["eras"])
-    from predictor.eras import run_era
-
     return {run_era(engine, version) for version in entry.get("engine_versions") or []}
 
 
@@ -170,8 +169,6 @@ class Coefficients:
             scope_name = used[-1][0]
         overlay = self.era_overlay(engine, era, kind) if era and kind else {}
         applied = None
-        from predictor.eras import era_terms
-
         for name, item in overlay.items():
             if name not in era_terms(engine) or not isinstance(item, dict) or not item.get("identified", True):
                 continue
@@ -193,8 +190,6 @@ class Coefficients:
 
     def newest_era(self, engine: str, kind: str) -> str | None:
         """The newest era (catalogue order) with an overlay for ``kind``: what ``predict`` uses by default."""
-        from predictor.eras import eras
-
         fitted = [e.id for e in eras(engine) if self.era_overlay(engine, e.id, kind)]
         return fitted[-1] if fitted else None
 

@@ -3,7 +3,7 @@
 llama.cpp changes its kernels often (CUDA graphs, MMQ, flash-attention kernels, Metal rewrites), so the
 coefficients that describe kernels rather than the device (the fixed times per step and per layer, prefill's
 matmul efficiency: the file's ``era_terms``) are fitted per era where the runs show a difference
-(``calibration.table.fit_era_overlays``). Each era is a range of build numbers with the change that marks
+(``calibration.overlays.fit_era_overlays``). Each era is a range of build numbers with the change that marks
 its start and how its boundary was placed. A run's build comes from its ``engine_version``
 ("llama.cpp build 2824 (4426e298)") or, for llama-cpp-python, from the llama.cpp commit it vendors
 (``provenance.engine_commit``, looked up in the file's ``vendored`` table).
@@ -51,12 +51,21 @@ def _catalogue() -> dict:
     return json.loads(ERAS_PATH.read_text(encoding="utf-8"))
 
 
+def _engine_entry(engine: str) -> dict:
+    return (_catalogue().get("engines") or {}).get(engine) or {}
+
+
+def _version(text: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a version such as "0.10.1" or "vllm 0.32.0"; None for other text."""
+    match = _VERSION.search(str(text or ""))
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
 @cache
 def eras(engine: str) -> tuple[Era, ...]:
     """The eras of ``engine``, oldest first (empty for an engine the file does not list)."""
-    entry = (_catalogue().get("engines") or {}).get(engine) or {}
     out = []
-    for item in entry.get("eras") or []:
+    for item in _engine_entry(engine).get("eras") or []:
         if "from_build" in item:
             start, end = (int(item["from_build"]),), (int(item["until_build"]),) if item.get("until_build") else None
         else:
@@ -69,7 +78,7 @@ def eras(engine: str) -> tuple[Era, ...]:
 
 def era_terms(engine: str) -> tuple[str, ...]:
     """The coefficients fitted per era for ``engine`` (none for an engine without eras)."""
-    return tuple(((_catalogue().get("engines") or {}).get(engine) or {}).get("era_terms") or ())
+    return tuple(_engine_entry(engine).get("era_terms") or ())
 
 
 def build_number(engine_version: str | None, engine_commit: str | None = None) -> int | None:
@@ -77,8 +86,7 @@ def build_number(engine_version: str | None, engine_commit: str | None = None) -
     match = _BUILD.search(str(engine_version or ""))
     if match:
         return int(match.group(1))
-    commits = ((((_catalogue().get("engines") or {}).get("llama.cpp") or {}).get("vendored") or {})
-               .get("commits") or {})
+    commits = (_engine_entry("llama.cpp").get("vendored") or {}).get("commits") or {}
     commit = str(engine_commit or "").strip().lower()
     for known, item in commits.items():
         if commit and (commit.startswith(known) or known.startswith(commit)) and len(commit) >= 7:
@@ -98,8 +106,7 @@ def run_era(engine: str, engine_version: str | None, engine_commit: str | None =
         build = build_number(engine_version, engine_commit)
         era = era_of_key(engine, (build,) if build is not None else None)
     else:
-        match = _VERSION.search(str(engine_version or ""))
-        era = era_of_key(engine, (int(match.group(1)), int(match.group(2))) if match else None)
+        era = era_of_key(engine, _version(engine_version))
     return era.id if era else None
 
 
@@ -113,10 +120,10 @@ def era_for_build(engine: str, build: str | int) -> Era:
             raise BenchcalError(f"--engine-build: '{build}' is not a llama.cpp build number (e.g. 7474 or b7474)")
         era = era_of_key(engine, (int(digits),))
     else:
-        match = _VERSION.search(text)
-        if not match:
+        version = _version(text)
+        if version is None:
             raise BenchcalError(f"--engine-build: '{build}' is not a {engine} version (e.g. 0.10.1)")
-        era = era_of_key(engine, (int(match.group(1)), int(match.group(2))))
+        era = era_of_key(engine, version)
     if era is None:
         raise BenchcalError(f"--engine-build: no {engine} era covers '{build}' (see predictor/data/engine_eras.json)")
     return era

@@ -3,7 +3,7 @@
 A device with no runs and no measured family (memory type / architecture) would otherwise take the engine
 scope, an average over whatever GPUs were measured. Two coefficients follow the hardware's figures in the
 measured devices, and the prior predicts them from those figures instead
-(``calibration.table.fit_physics_prior`` fits it per device kind; ``engines.<engine>.physics`` in the table):
+(``calibration.overlays.fit_physics_prior`` fits it per device kind; ``engines.<engine>.physics`` in the table):
 
 - ``decode_bw_efficiency``: the share of peak bandwidth the decode kernels reach depends on the memory system.
   llama.cpp's batch-1 kernels keep too few bytes in flight to fill HBM stacks (A100, H100: 0.5-0.67 of peak)
@@ -24,8 +24,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from predictor.registry import REGISTRY
+
 PRIOR_TERMS = ("decode_bw_efficiency", "prefill_compute_efficiency")
-BOUNDS = {"decode_bw_efficiency": (0.05, 1.0), "prefill_compute_efficiency": (0.02, 2.0)}
 
 
 def memory_class(memory_type: str | None) -> str:
@@ -56,7 +57,7 @@ def prior_values(entry: Mapping[str, Any], memory_type: str | None, tflops: floa
     fl = entry.get("prefill_compute_efficiency") or {}
     ratio = flops_per_byte(tflops, bandwidth_gbs)
     if ratio is not None and fl.get("log_intercept") is not None:
-        low, high = BOUNDS["prefill_compute_efficiency"]
+        low, high = REGISTRY["prefill_compute_efficiency"].bounds  # the range a fitted value may take
         if fl.get("ratio_range"):  # no extrapolation beyond the devices the prior was fitted on
             ratio = min(max(ratio, float(fl["ratio_range"][0])), float(fl["ratio_range"][1]))
         value = math.exp(float(fl["log_intercept"]) + float(fl["log_slope"]) * math.log(ratio))

@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from predictor.devices import KINDS
 from predictor.engines import ENGINES
-
-KINDS = ("gpu", "unified", "cpu")
 
 
 @dataclass(frozen=True)

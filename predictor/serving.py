@@ -19,6 +19,7 @@ from typing import Any
 
 from predictor import memory as mem
 from predictor.engines import traits
+from predictor.quants import resolve_kv_dtype
 
 GIB = float(2**30)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vllm serve's default (EngineArgs.gpu_memory_utilization)
@@ -54,6 +55,4 @@ def kv_pool(est: Any, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZA
 
 
 def _kv_bytes(est: Any) -> float:
-    from predictor.quants import resolve_kv_dtype
-
     return resolve_kv_dtype(est.kv_dtype, est.engine).bytes_per_element
