@@ -105,7 +105,8 @@ def _era_section(table: dict[str, Any]) -> list[str]:
                 "Per era and device kind, the era terms (`era_terms` in `predictor/data/engine_eras.json`) refitted "
                 "on that era's runs with every other coefficient at the value a device nobody measured gets (its "
                 "family, else the engine scope), and the error of that fallback on the era's runs without and with "
-                "them. Kept (used by `predict --engine-build` and by default for the newest era) only where they "
+                "them (in-sample: judged on the runs the era values were fitted on). Kept (used by "
+                "`predict --engine-build` and by default for the newest era) only where they "
                 "bring the runs closer: where the runs show a difference.", "",
                 "| kind | era | quantity | devices | fallback MAPE | with era values | kept |", "|---|---|---|---|---|---|---|"]
         for c in checks:
