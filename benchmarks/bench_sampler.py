@@ -71,7 +71,7 @@ def overhead(args: argparse.Namespace) -> dict:
     import random
 
     from harness import synthetic
-    from harness.engines.llama_cpp import LlamaCppEngine
+    from harness.engines.llama_cpp.engine import LlamaCppEngine
 
     path = synthetic.synthetic_gguf(args.model, args.quant)
     config = {"context": 512, "batch": 1, "kv_dtype": "f16",
@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.005, help="sampler interval in seconds (default 0.005)")
     args = parser.parse_args()
     if args.threads is None:
-        from harness.runconfig import default_threads
+        from harness.engines.setup import default_threads
 
         args.threads = default_threads()
     print(json.dumps({"overhead": overhead(args), "spike": spike(args.interval)}, indent=1))

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import records
+from harness.engines import engine_setup
 from harness.engines.runner import DEFAULT_DECODE_PROMPT_TOKENS, run_engine
 from harness.measurements import build_measurements
 from harness.provenance import base_provenance
@@ -131,7 +132,7 @@ def plan_config(cfg: dict[str, Any], host: Mapping[str, Any] | None = None) -> P
     plan = Plan(cfg, prediction, reason)
     if prediction is None or plan.verdict not in ("needs offload", "does not fit"):
         return plan
-    if cfg["engine"] != "llama.cpp" or cfg["device"] == "cpu":
+    if not engine_setup(cfg["engine"]).replans_offload or cfg["device"] == "cpu":
         plan.messages.append(f"predicted {plan.verdict} on {cfg['device']}; measuring anyway")
         return plan
     layers = int((prediction.get("fit") or {}).get("max_gpu_layers") or 0)

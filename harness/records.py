@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from harness.engines import ENGINES
+
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "crash", "timeout", "interrupted")
-ENGINES = ("llama.cpp", "vllm", "transformers")
 MODEL_SOURCES = ("catalogue", "path")
 PEAK_SOURCES = ("nvml_process", "nvml_device", "rss_tree")
 PROVENANCE_SOURCES = ("measured", "imported")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engines.llama_cpp import parse_memory_lines
+from harness.engines.llama_cpp.logparse import parse_memory_lines
 from harness.synthetic import resolve_arch
 from predictor import memory as mem
 

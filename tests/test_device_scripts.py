@@ -18,7 +18,8 @@ import pytest
 
 from harness import synthetic
 from harness.engines.base import ENGINE_CLASSES
-from harness.engines.transformers_engine import cache_bytes, parse_memory_lines, torch_dtype_name
+from harness.engines.transformers.engine import cache_bytes, torch_dtype_name
+from harness.engines.transformers.logparse import parse_memory_lines
 from harness.protocol import prepare_config
 from harness.sweep import load_sweep
 from predictor.errors import BenchcalError
@@ -141,7 +142,7 @@ def test_cache_bytes_is_none_for_an_unknown_cache():
 @pytest.mark.engine
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch and transformers")
 def test_transformers_engine_measures_a_tiny_random_model():
-    from harness.engines.transformers_engine import TransformersEngine
+    from harness.engines.transformers.engine import TransformersEngine
 
     engine = TransformersEngine()
     config = {"model": "qwen2.5-0.5b", "quant": "F32", "device": "cpu", "context": 128,

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from harness.engines.base import classify_failure
-from harness.engines.llama_cpp import LLAMA_OOM_PATTERNS, LlamaCppEngine, parse_memory_lines
+from harness.engines.llama_cpp.engine import LlamaCppEngine
+from harness.engines.llama_cpp.logparse import LLAMA_OOM_PATTERNS, parse_memory_lines
 
 DATA = Path(__file__).parent / "data" / "llama_cpp"
 MIB = 2**20

@@ -7,6 +7,7 @@ import pytest
 
 from predictor.coefficients import Coefficients
 from predictor.devices import cpu_device, load_devices, resolve_device
+from predictor.engines import ENGINES
 from predictor.estimate import GIB, predict
 from predictor.grid import sweep
 from predictor.models import resolve_model
@@ -101,7 +102,7 @@ def test_without_flash_attention_llama_cpp_reads_the_kv_once_per_query_head():
     for reread in (1.0, 0.5):
         coeffs = {"decode_fixed_ms": 0.0, "decode_fixed_per_layer_us": 0.0, "decode_bw_efficiency": 1e200,
                   "decode_kv_efficiency": 1.0, "decode_kv_reread": reread}
-        table = Coefficients({"engines": {e: {"default": dict(coeffs)} for e in ("llama.cpp", "vllm")}})
+        table = Coefficients({"engines": {e: {"default": dict(coeffs)} for e in ENGINES}})
         for engine, quant, flash, reads in (("llama.cpp", "Q4_K_M", False, 1 + 3 * reread),
                                             ("llama.cpp", "Q4_K_M", True, 1), ("vllm", "BF16", False, 1)):
             est = predict(arch, "rtx-4090", quant, 8192, engine, prompt_tokens=4096, flash_attn=flash,

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from harness.engines.base import classify_failure, find_oom
-from harness.engines.vllm import GIB, MIB, VllmEngine, parse_memory_breakdown
+from harness.engines.vllm.engine import VllmEngine
+from harness.engines.vllm.logparse import GIB, MIB, parse_memory_breakdown
 
 DATA = Path(__file__).parent / "data" / "vllm"
 OLDER = DATA / "older"

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from harness import synthetic_hf
-from harness.engines import vllm as vllm_engine
-from harness.engines import vllm_options
-from harness.engines.vllm_child import kv_need_bytes, llm_kwargs
+from harness.engines.vllm import engine as vllm_engine
+from harness.engines.vllm import options as vllm_options
+from harness.engines.vllm.child import kv_need_bytes, llm_kwargs
 from predictor.errors import BenchcalError
 from predictor.models import resolve_model
 

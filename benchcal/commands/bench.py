@@ -11,6 +11,7 @@ from typing import Any
 from benchcal.argtypes import non_negative_int, positive_float, positive_int
 from benchcal.commands.comparison import NullFile, fmt, render_comparison
 from harness import record_tables, records
+from harness.engines import ENGINES, engine_setup
 from predictor.errors import BenchcalError, positive
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -160,7 +161,7 @@ def config_from_args(args: argparse.Namespace, device: str) -> dict[str, Any]:
     overrides = _overrides(args.override)
     config = {
         "model": model, "engine": engine, "device": device,
-        "quant": args.quant or ("Q4_K_M" if engine == "llama.cpp" and not weights_is_path else None),
+        "quant": args.quant or (engine_setup(engine).default_quant if engine in ENGINES and not weights_is_path else None),
         "weights": args.weights, "model_source": "path" if weights_is_path else "catalogue",
         "context": int(positive("--ctx", args.ctx)), "prompt_tokens": _prompt_lengths(args.prompt),
         "gen_tokens": int(args.gen), "reps": int(positive("--reps", args.reps)), "warmup": int(args.warmup),

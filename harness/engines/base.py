@@ -33,14 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from harness.engines import ENGINE_CLASSES, ENGINE_PACKAGES
 from predictor.errors import BenchcalError, suggest
-
-# Engine name -> "module:Class". Modules are imported only when the engine is used.
-ENGINE_CLASSES: dict[str, str] = {
-    "llama.cpp": "harness.engines.llama_cpp:LlamaCppEngine",
-    "vllm": "harness.engines.vllm:VllmEngine",
-    "transformers": "harness.engines.transformers_engine:TransformersEngine",
-}
 
 # Out-of-memory messages common to CUDA programs (matched case-insensitively in the child's log).
 COMMON_OOM_PATTERNS: tuple[str, ...] = (
@@ -186,7 +180,7 @@ class Engine(abc.ABC):
 def engine_class(name: str) -> type[Engine]:
     """The engine class registered under ``name``; BenchcalError for an unknown name."""
     if name not in ENGINE_CLASSES:
-        raise BenchcalError(f"unknown engine {name!r}{suggest(name, ENGINE_CLASSES)}")
+        raise BenchcalError(f"unknown engine {name!r}{suggest(name, ENGINE_PACKAGES)}")
     module_name, class_name = ENGINE_CLASSES[name].split(":")
     try:
         module = importlib.import_module(module_name)

@@ -1,5 +1,5 @@
 """vLLM's engine options and the harness's defaults for them: engine-free, imported by the parent
-(:mod:`harness.engines.vllm`, :mod:`harness.protocol`) and by the child (:mod:`harness.engines.vllm_child`)."""
+(:mod:`harness.engines.vllm`, :mod:`harness.protocol`) and by the child (:mod:`harness.engines.vllm.child`)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.engines.base import DecodeTiming, LoadInfo, PromptTiming, random_token_ids
-from harness.engines.vllm_options import (
+from harness.engines.vllm.options import (
     INVENTORY_PREFIX,
     OPTIONS_PREFIX,
     QUANT_SETTINGS,

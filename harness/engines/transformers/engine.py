@@ -23,13 +23,13 @@ from __future__ import annotations
 import copy
 import gc
 import inspect
-import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.engines.base import DecodeTiming, Engine, LoadInfo, PromptTiming
+from harness.engines.transformers.logparse import TORCH_OOM_PATTERNS, parse_memory_lines
 from predictor.errors import BenchcalError
 
 # Weight format -> torch dtype name. None: bfloat16 on a GPU, float32 on a CPU.
@@ -37,9 +37,6 @@ DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 # Synthetic-model override names -> Hugging Face config.json names (harness.synthetic.OVERRIDABLE).
 HF_OVERRIDE_KEYS = {"num_layers": "num_hidden_layers", "vocab_size": "vocab_size",
                     "max_context": "max_position_embeddings"}
-TORCH_OOM_PATTERNS = (r"torch\.OutOfMemoryError", r"CUDA out of memory", r"OutOfMemoryError")
-MEMORY_LINE = re.compile(r"benchcal transformers: (.*)$")
-KEY_VALUE = re.compile(r"(\w+)=(-?\d+)")
 
 
 def hf_config_dict(model_id: str, overrides: Mapping[str, int] | None = None) -> dict[str, Any]:
@@ -81,16 +78,6 @@ def cache_bytes(cache: Any) -> int | None:
     tensors += list(getattr(cache, "key_cache", None) or []) + list(getattr(cache, "value_cache", None) or [])
     sizes = [t.numel() * t.element_size() for t in tensors if hasattr(t, "numel") and hasattr(t, "element_size")]
     return int(sum(sizes)) if sizes else None
-
-
-def parse_memory_lines(log_text: str) -> dict[str, Any]:
-    """The engine's ``benchcal transformers: key=value`` figures (bytes); the last value of each key wins."""
-    figures: dict[str, Any] = {}
-    for line in log_text.splitlines():
-        match = MEMORY_LINE.search(line)
-        if match:
-            figures.update({k: int(v) for k, v in KEY_VALUE.findall(match.group(1))})
-    return figures
 
 
 class TransformersEngine(Engine):

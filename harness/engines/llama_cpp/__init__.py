@@ -1,0 +1,3 @@
+"""llama.cpp through llama-cpp-python: ``setup`` (parent side), ``engine`` (child side), ``logparse`` (its log).
+
+See :mod:`harness.engines` for what an engine package holds."""

@@ -1,0 +1,79 @@
+"""llama.cpp's parent side: GPU layers in step with the offload fraction, the GGUF's own quant, CPU threads, and
+synthetic GGUF files laid out as llama-quantize lays out its tensors."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from harness.engines.setup import EngineSetup, catalogue_arch, default_threads, gguf_path
+from predictor.errors import BenchcalError
+
+
+class LlamaCppSetup(EngineSetup):
+    name = "llama.cpp"
+    default_quant = "Q4_K_M"
+    replans_offload = True
+
+    def fill_defaults(self, cfg: dict[str, Any]) -> None:
+        """llama.cpp options: GPU layers in step with ``offload_fraction``, the GGUF's own quant, threads."""
+        options = cfg["engine_options"]
+        gguf = gguf_path(cfg)
+        if gguf is not None and not cfg.get("quant") and gguf.is_file():
+            from predictor.models import resolve_model
+
+            cfg["quant"] = resolve_model(str(gguf)).weights_quant
+        if cfg["device"] == "cpu":
+            options.setdefault("n_gpu_layers", 0)
+        else:
+            fraction = float(cfg.get("offload_fraction") or 0.0)
+            explicit = options.get("n_gpu_layers")
+            if explicit is None and fraction > 0:
+                options["n_gpu_layers"] = int(round((1.0 - fraction) * self.arch(cfg).num_layers))
+            elif explicit is None:
+                options["n_gpu_layers"] = -1
+            elif int(explicit) >= 0 and fraction == 0:
+                layers = self.arch(cfg).num_layers
+                cfg["offload_fraction"] = round(1.0 - min(int(explicit), layers) / layers, 4)
+        options.setdefault("flash_attn", False)
+        options.setdefault("n_batch", 512)
+        options.setdefault("n_ubatch", 512)
+        if cfg["device"] == "cpu":
+            options.setdefault("threads", default_threads())
+
+    def arch(self, cfg: Mapping[str, Any]) -> Any:
+        """As for any engine, except that a synthetic GGUF's tensor types follow llama-quantize (output or tied
+        embeddings in Q6_K, ...): it is predicted with its exact size, as any GGUF file is, not with the
+        catalogue's whole-file average width."""
+        from harness import synthetic
+
+        arch = catalogue_arch(cfg)
+        quant = cfg.get("quant")
+        if cfg.get("weights") == "synthetic" and quant in synthetic.FILE_TYPES:
+            spec = synthetic.resolve_spec(cfg["model"], cfg.get("arch_overrides"))
+            arch = dataclasses.replace(arch, weights_bytes_exact=synthetic.weights_bytes(spec, quant),
+                                       weights_quant=quant)
+        return arch
+
+    def synthetic_weights(self, cfg: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+        """A cached synthetic GGUF file of the catalogue model in the config's quant (Q4_K_M when none)."""
+        from harness import synthetic
+
+        spec = synthetic.resolve_spec(cfg["model"], cfg.get("arch_overrides"))
+        quant = synthetic.normalize_file_type(cfg.get("quant") or "Q4_K_M")
+        path = synthetic.synthetic_gguf(cfg["model"], quant, cfg.get("arch_overrides"))
+        return str(path), {"weights_kind": "synthetic", "weights_file": str(path),
+                           "weights_bytes": synthetic.weights_bytes(spec, quant),
+                           "synthetic_layout": spec["gguf_arch"], "synthetic_exact_layout": spec["exact_layout"]}
+
+    def hub_download(self, cfg: Mapping[str, Any], hub: Any, repo: str) -> str:
+        """One GGUF file of a repository: engine options ``hub_repo`` and ``hub_file``."""
+        filename = cfg.get("engine_options", {}).get("hub_file")
+        if not filename:
+            raise BenchcalError("--weights hub with llama.cpp needs engine option hub_repo and hub_file "
+                                "(a GGUF repository and file name)")
+        return hub.hf_hub_download(repo, filename)
+
+
+SETUP = LlamaCppSetup()

@@ -1,0 +1,73 @@
+"""The parent side of an engine: what the harness does for it before the child process starts.
+
+Each engine package has a ``setup.py`` whose ``SETUP`` is an :class:`EngineSetup`. It fills in the engine's
+defaults (called while a configuration is normalized, before it is hashed), prepares its synthetic or hub weights,
+gives the architecture a configuration measures, and says how runs of it are planned. Nothing here imports an
+engine's library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+class EngineSetup:
+    """Defaults for an engine that needs nothing of its own; engines override what differs."""
+
+    name: str = ""
+    # the quant ``benchcal bench`` records when none is given and the weights are not a file (None: the weights')
+    default_quant: str | None = None
+    # a GPU configuration predicted not to fit is replaced by the most GPU layers that fit (layer offload)
+    replans_offload: bool = False
+
+    def fill_defaults(self, cfg: dict[str, Any]) -> None:
+        """Fill in the engine's options in ``cfg`` (normalized already); BenchcalError for a bad option."""
+
+    def arch(self, cfg: Mapping[str, Any]) -> Any:
+        """The architecture ``cfg`` measures: its GGUF's, else the catalogue model's with its overrides."""
+        return catalogue_arch(cfg)
+
+    def synthetic_weights(self, cfg: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+        """Path of the synthetic weights to load and facts about them (None: the engine makes them itself)."""
+        return None, {"weights_kind": "synthetic"}
+
+    def hub_download(self, cfg: Mapping[str, Any], hub: Any, repo: str) -> str:
+        """Download ``repo`` with ``huggingface_hub`` (``hub``); the path of what the engine loads."""
+        return hub.snapshot_download(repo)
+
+
+def gguf_path(cfg: Mapping[str, Any]) -> Path | None:
+    """The GGUF file ``cfg`` names as its weights, else None."""
+    weights = str(cfg.get("weights") or "synthetic")
+    path = Path(weights).expanduser()
+    return path if weights not in ("synthetic", "hub") and path.suffix.lower() == ".gguf" else None
+
+
+def catalogue_arch(cfg: Mapping[str, Any]) -> Any:
+    """The architecture of ``cfg``'s GGUF file when it names one, else the catalogue model's with its overrides."""
+    from harness import synthetic
+
+    gguf = gguf_path(cfg)
+    if gguf is not None and gguf.is_file():
+        from predictor.models import resolve_model
+
+        return resolve_model(str(gguf))
+    return synthetic.resolve_arch(cfg["model"], cfg.get("arch_overrides"))
+
+
+def default_threads() -> int:
+    """CPU threads for llama.cpp: the physical cores, leaving one hardware thread to the harness's sampler.
+
+    With SMT the sibling threads are free already; without it one core is left out (ggml's spinning thread
+    barrier slows down many times over when any of its threads is preempted).
+    """
+    import psutil
+
+    from harness.hostinfo import usable_cores
+
+    logical = usable_cores()
+    physical = int(psutil.cpu_count(logical=False) or logical)
+    physical = min(physical, logical)
+    return physical if logical > physical else max(1, physical - 1)

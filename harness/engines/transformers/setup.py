@@ -1,0 +1,12 @@
+"""The transformers engine's parent side: nothing of its own (it builds its random-weight model in the child)."""
+
+from __future__ import annotations
+
+from harness.engines.setup import EngineSetup
+
+
+class TransformersSetup(EngineSetup):
+    name = "transformers"
+
+
+SETUP = TransformersSetup()
