@@ -31,10 +31,9 @@ from predictor.coefficients import COEFFICIENT_NAMES, ENGINE_DEFAULTS
 from predictor.devices import cpu_device, resolve_device
 from predictor.engines import traits
 from predictor.errors import BenchcalError
-from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_HOST_MEMORY_GIB, device_kwargs, evaluate
-from predictor.quants import resolve_kv_dtype, resolve_quant
+from predictor.estimate import evaluate
 from predictor.registry import FIT_TERMS, REGISTRY
-from predictor.weights import cpu_kernel_kwargs, format_bits, known_weights_bytes
+from predictor.scenario import DEFAULT_HOST_MEMORY_GIB, Scenario, scenario_inputs
 
 NEUTRAL_INVERSE = 1e200  # an efficiency this large removes its term (bytes / (eta * BW) ~ 0)
 
@@ -113,39 +112,29 @@ def _nan(value: Any) -> float:
 
 
 def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
-    """``evaluate`` keyword arguments (scalars) for one observation, plus its grouping keys."""
+    """``evaluate`` keyword arguments (scalars) for one observation, plus its grouping keys: the run's
+    :class:`~predictor.scenario.Scenario` translated by :func:`predictor.scenario.scenario_inputs`, the function
+    ``predict`` uses, with the run's own weights size where it was recorded."""
     engine = str(row["engine"])
     arch = run_arch(str(row["model"]), str(row.get("arch_overrides") or ""))
     device = run_device(row)
-    quant = resolve_quant(str(row.get("quant") or traits(engine).default_quant), engine)
-    kv = resolve_kv_dtype(str(row.get("kv_dtype") or "f16"), engine)
-    exact = row.get("weights_bytes")
-    if not (_finite(exact) and float(exact) > 0):  # no size recorded: sized as predict() sizes it
-        exact = known_weights_bytes(arch, quant, engine)[0]
-    bits = format_bits(arch, quant, engine)  # (experts, others): gpt-oss's F16 GGUF keeps MXFP4 experts
-    host_bw = row.get("host_bandwidth_gbs") if device.kind == "gpu" else device.bandwidth_gbs
-    return {
-        "arch": arch,
-        "engine": engine,
-        "device_id": device.id,
-        "family": device.family,
-        **device_kwargs(device, engine),  # kind, memory_gib, usable_gib, bandwidth_gbs, tflops: as predict() passes them
-        "bits_per_weight": _nan(bits[0]),
-        "bits_per_weight_non_expert": bits[1],
-        "exact_weights_bytes": float(exact) if _finite(exact) and float(exact) > 0 else float("nan"),
-        "kv_bytes_per_element": kv.bytes_per_element,
-        "context": float(row["context"]),
-        "batch": float(row.get("batch") or 1),
-        "device_count": float(row.get("device_count") or 1),
-        "offload_fraction": float(row.get("offload_fraction") or 0.0),
-        "flash_attn": bool(row.get("flash_attn")),
-        **cpu_kernel_kwargs(arch, quant.id),
-        "n_ubatch": float(row.get("n_ubatch") or 512),
-        "cublas_dequant": row.get("quantized_matmul") == "cublas-fp16",
-        "host_bandwidth_gbs": float(host_bw) if _finite(host_bw) else DEFAULT_HOST_BANDWIDTH_GBS,
-        "host_memory_gib": float(row["host_memory_gib"]) if _finite(row.get("host_memory_gib"))
-        else DEFAULT_HOST_MEMORY_GIB,
-    }
+    weights = row.get("weights_bytes")
+    host_bw = row.get("host_bandwidth_gbs") if device.kind == "gpu" else None  # a CPU device has its own
+    scenario = Scenario(
+        model=arch, device=device, engine=engine, quant=str(row.get("quant") or traits(engine).default_quant),
+        kv_dtype=str(row.get("kv_dtype") or "f16"), context=float(row["context"]), batch=float(row.get("batch") or 1),
+        device_count=float(row.get("device_count") or 1), offload_fraction=float(row.get("offload_fraction") or 0.0),
+        flash_attn=bool(row.get("flash_attn")), n_ubatch=float(row.get("n_ubatch") or 512),
+        host_bandwidth_gbs=float(host_bw) if _finite(host_bw) else None,
+        host_memory_gib=float(row["host_memory_gib"]) if _finite(row.get("host_memory_gib")) else None,
+        weights_bytes=float(weights) if _finite(weights) and float(weights) > 0 else None,
+    )
+    inputs = scenario_inputs(scenario, arch, device, engine)
+    kwargs = dict(inputs.kwargs)
+    kwargs["bits_per_weight"] = _nan(kwargs["bits_per_weight"])
+    kwargs["exact_weights_bytes"] = _nan(kwargs["exact_weights_bytes"])
+    return {"arch": arch, "engine": engine, "device_id": device.id, "family": device.family, **kwargs,
+            "cublas_dequant": row.get("quantized_matmul") == "cublas-fp16"}
 
 
 ARRAY_INPUTS = ("memory_gib", "usable_gib", "bandwidth_gbs", "tflops", "bits_per_weight", "exact_weights_bytes",

@@ -92,30 +92,18 @@ def _predictor_device(cfg: Mapping[str, Any], host: Mapping[str, Any] | None) ->
 def predict_config(cfg: Mapping[str, Any], host: Mapping[str, Any] | None = None) -> tuple[dict | None, str | None]:
     """The predictor's ``Estimate.to_dict()`` for ``cfg``, or ``(None, reason)`` when it cannot say."""
     try:
-        from predictor.estimate import predict
+        from predictor.estimate import predict_scenario
+        from predictor.scenario import Scenario
     except ImportError as exc:
         return None, f"predictor unavailable: {exc}"
-    options = cfg.get("engine_options") or {}
     prompts = list(cfg["prompt_tokens"] or [])
-
-    def estimate_at(arch: Any, device: Any, prompt_tokens: int, launch: bool = True) -> dict:
-        return predict(
-            arch, device, quant=cfg.get("quant"), context=int(cfg["context"]),
-            engine=cfg["engine"], prompt_tokens=prompt_tokens, batch=int(cfg["batch"]),
-            kv_dtype=cfg.get("kv_dtype"), device_count=int(cfg["device_count"]),
-            offload_fraction=float(cfg.get("offload_fraction") or 0.0),
-            flash_attn=bool(options.get("flash_attn", False)), n_ubatch=int(options.get("n_ubatch") or 512),
-            host_bandwidth_gbs=(host or {}).get("bandwidth_gbs"), host_memory_gib=(host or {}).get("memory_gib"),
-            enforce_eager=bool(options.get("enforce_eager", False)), launch=launch,
-        ).to_dict()
-
     try:
         # TTFT and prefill for the longest prompt; decode where the harness measures it: after the shortest
         # prompt, halfway through the generated tokens.
-        arch, device = model_arch(cfg), _predictor_device(cfg, host)
-        prediction = estimate_at(arch, device, max(prompts or [512]))
+        scenario = Scenario.from_config(cfg, model=model_arch(cfg), device=_predictor_device(cfg, host), host=host)
+        prediction = predict_scenario(scenario).to_dict()
         decode_at = min(prompts or [DEFAULT_DECODE_PROMPT_TOKENS]) + int(cfg.get("gen_tokens") or 0) // 2
-        decode = estimate_at(arch, device, max(decode_at, 1), launch=False)["throughput"]
+        decode = predict_scenario(scenario.replace(prompt_tokens=max(decode_at, 1)), launch=False).to_dict()["throughput"]
         for key in ("decode_tok_s", "decode_tok_s_total", "decode_context", "cost_per_1m_output_usd"):
             if key in decode:
                 prediction["throughput"][key] = decode[key]

@@ -7,7 +7,6 @@ harness use ``predict``; leaderboards, recommendations and the speed benchmark u
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,36 +15,30 @@ import numpy as np
 from predictor import memory as mem
 from predictor import throughput as tp
 from predictor.architecture import ModelArch
-from predictor.coefficients import (
-    Coefficients,
-    CoefficientSet,
-    default_coefficients,
-    host_calibration_note,
-    load_coefficients,
-)
-from predictor.devices import Device, resolve_device
+from predictor.coefficients import Coefficients, default_coefficients, load_coefficients
+from predictor.devices import Device
 from predictor.engines import traits
 from predictor.eras import era_description, era_for_build
-from predictor.errors import BenchcalError, non_negative, positive
 from predictor.launch import launch_commands
-from predictor.models import resolve_model
-from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype, resolve_quant
-from predictor.serving import DEFAULT_GPU_MEMORY_UTILIZATION, kv_pool
-from predictor.weights import (
-    WEIGHTS_FROM_FILE,
-    cpu_kernel_kwargs,
-    format_bits,
-    known_weights_bytes,
-    require_bits,
-    weights_bits_per_weight,
+from predictor.quants import normalize_engine
+from predictor.result import VERDICTS, Estimate
+from predictor.scenario import (
+    DEFAULT_CONTEXT,
+    DEFAULT_HOST_BANDWIDTH_GBS,
+    DEFAULT_HOST_MEMORY_GIB,
+    DEFAULT_N_UBATCH,
+    DEFAULT_PROMPT_TOKENS,
+    Scenario,
+    scenario_arch,
+    scenario_device,
+    scenario_inputs,
+    validate_scenario,
 )
+from predictor.serving import DEFAULT_GPU_MEMORY_UTILIZATION, kv_pool
+from predictor.weights import require_bits
 
 GIB = mem.GIB
 TIGHT_UTILIZATION = 0.92  # above this share of usable memory, allocator rounding and fragmentation bite
-VERDICTS = ("fits", "tight", "needs offload", "does not fit")
-DEFAULT_PROMPT_TOKENS = 4096  # like the public calculators' TTFT figure
-DEFAULT_HOST_BANDWIDTH_GBS = 60.0  # dual-channel DDR5-4800 (2 x 38.4 GB/s peak), a typical desktop host
-DEFAULT_HOST_MEMORY_GIB = 64.0
 
 
 def _arr(x) -> np.ndarray:
@@ -263,146 +256,14 @@ def _max_context(arch, engine, coeffs, usable, dev_w, frac, n_dev, kv_bpe, batch
 # --------------------------------------------------------------------------- one configuration
 
 
-@dataclass
-class Estimate:
-    """One prediction: inputs, memory breakdown, fit, throughput, launch commands, provenance."""
 
-    model: ModelArch
-    device: Device
-    quant: QuantFormat
-    engine: str
-    context: int
-    batch: int
-    kv_dtype: str
-    device_count: int
-    prompt_tokens: int
-    offload_fraction: float
-    flash_attn: bool
-    n_ubatch: int
-    coefficients: CoefficientSet
-    values: dict[str, float]
-    weights_source: str  # WEIGHTS_FROM_FILE, _PLAN, _NATIVE_EXPERTS or _WIDTH
-    host_bandwidth_gbs: float
-    throughput_offload_fraction: float = 0.0  # the offload the speeds assume (the recommended one when needed)
-    launch: dict[str, str] = field(default_factory=dict)
-    era: dict[str, Any] = field(default_factory=dict)  # the engine build era used (see era_description)
-    serving: dict[str, Any] | None = None  # vLLM on a GPU: its KV pool and concurrency (predictor.serving)
-
-    @property
-    def weights_bits_per_weight(self) -> float | None:
-        return weights_bits_per_weight(self.model, self.quant, self.values["weights_total_bytes"], self.weights_source)
-
-    @property
-    def verdict(self) -> str:
-        return VERDICTS[int(self.values["verdict"])]
-
-    def to_dict(self) -> dict[str, Any]:
-        """The stable JSON contract of ``benchcal predict --format json`` (documented in docs/commands.md)."""
-        v = self.values
-        d, m = self.device, self.model
-        price = d.cloud_usd_per_hour
-        cost = None
-        if price and v["decode_tok_s_total"] > 0:
-            cost = round(price * self.device_count / (v["decode_tok_s_total"] * 3600.0) * 1e6, 2)
-        c = self.coefficients
-        return {
-            "schema": "benchcal.estimate/1",
-            "model": {
-                "id": m.id, "name": m.name, "hf_id": m.hf_id, "source": m.source,
-                "params_b": round(m.params_total / 1e9, 3),
-                "active_params_b": round(m.params_active / 1e9, 3),
-                "architecture": m.architecture, "attention": m.attention, "layers": m.num_layers,
-                "max_context": m.max_context, "moe": bool(m.num_experts),
-            },
-            "gpu": {
-                "id": d.id, "name": d.name, "kind": d.kind, "count": self.device_count,
-                "memory_gib": round(d.memory_gib, 2),
-                "usable_gib": round(v["usable_bytes"] / GIB, 2),
-                "bandwidth_gbs": d.bandwidth_gbs, "fp16_tflops": d.fp16_tflops,
-                "matmul_tflops": d.matmul_tflops(self.engine), "family": d.family,
-                "cloud_usd_per_hour": price,
-            },
-            "engine": self.engine,
-            "quant": self.quant.id,
-            "bits_per_weight": self.quant.bits_per_weight,
-            "context": self.context,
-            "batch": self.batch,
-            "kv_dtype": self.kv_dtype,
-            "flash_attn": self.flash_attn,
-            "n_ubatch": self.n_ubatch,
-            "offload_fraction": self.offload_fraction,
-            "memory": {
-                "weights_gib": _r(v["weights_bytes"] / GIB),
-                "weights_total_gib": _r(v["weights_total_bytes"] / GIB),
-                "weights_exact": self.weights_source == WEIGHTS_FROM_FILE,
-                "weights_source": self.weights_source,
-                "weights_bits_per_weight": self.weights_bits_per_weight,
-                "kv_cache_gib": _r(v["kv_cache_bytes"] / GIB),
-                "runtime_gib": _r(v["runtime_bytes"] / GIB),
-                "total_gib": _r(v["total_bytes"] / GIB),
-                "offload_gib": _r(v["offload_bytes"] / GIB),
-            },
-            "fit": {
-                "verdict": self.verdict,
-                "headroom_gib": _r(v["headroom_bytes"] / GIB),
-                "utilization": round(float(v["utilization"]), 4),
-                "max_context": int(v["max_context"]),
-                "max_gpu_layers": int(v["max_gpu_layers"]),
-                "recommended_offload_gib": _r(v.get("recommended_offload_bytes", 0.0) / GIB),
-            },
-            "throughput": {
-                "decode_tok_s": _r(v["decode_tok_s"], 2),
-                "decode_tok_s_total": _r(v["decode_tok_s_total"], 2),
-                "decode_context": int(v["decode_context"]),
-                "prefill_tok_s": _r(v["prefill_tok_s"], 1),
-                "ttft_ms": _r(v["ttft_s"] * 1000.0, 1),
-                "prompt_tokens": self.prompt_tokens,
-                "host_bandwidth_gbs": self.host_bandwidth_gbs,
-                "offload_fraction": round(self.throughput_offload_fraction, 4),
-                "cost_per_1m_output_usd": cost,
-            },
-            "calibration": {
-                "status": c.status, "scope": c.scope, "source": c.source,
-                "error_band": dict(c.error_band), "error_band_source": c.band_source, "note": host_calibration_note(self.device.kind, self.device.id, c.scope),
-                "coefficients": {k: c.values[k] for k in sorted(c.values)},
-                "coefficient_sources": {k: c.source_of(k) for k in sorted(c.values)},
-                "era": dict(self.era),
-            },
-            "serving": dict(self.serving) if self.serving else None,
-            "launch": dict(self.launch),
-        }
-
-
-def _r(x, nd: int = 3) -> float | None:
-    """Round for the JSON contract; a figure the catalogue cannot give (NaN) becomes null."""
-    x = float(x)
-    return None if x != x else round(x, nd)
-
-
-def require_context(arch: ModelArch, context: int) -> None:
-    """A positive context no longer than the model's maximum, else a BenchcalError."""
-    positive("--ctx", context)
-    if context > arch.max_context:
-        raise BenchcalError(f"context {context} is above {arch.id}'s maximum of {arch.max_context} tokens")
-
-
-def device_kwargs(device: Device, engine: str) -> dict[str, Any]:
-    """The device's figures as keyword arguments of ``evaluate`` for ``engine`` (whose matmul peak may differ)."""
-    tflops = device.matmul_tflops(engine)
-    return {
-        "memory_gib": device.memory_gib,
-        "usable_gib": np.nan if device.usable_gib is None else device.usable_gib,
-        "kind": device.kind,
-        "bandwidth_gbs": np.nan if device.bandwidth_gbs is None else device.bandwidth_gbs,
-        "tflops": np.nan if tflops is None else tflops,
-    }
 
 
 def predict(
     model: str | ModelArch,
     device: str | Device,
     quant: str | None = None,
-    context: int = 8192,
+    context: int = DEFAULT_CONTEXT,
     engine: str = "llama.cpp",
     *,
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
@@ -411,7 +272,7 @@ def predict(
     device_count: int = 1,
     offload_fraction: float = 0.0,
     flash_attn: bool = True,
-    n_ubatch: int = 512,
+    n_ubatch: int = DEFAULT_N_UBATCH,
     coefficients: str | Path | Coefficients | None = "default",
     host_bandwidth_gbs: float | None = None,
     host_memory_gib: float | None = None,
@@ -420,89 +281,72 @@ def predict(
     engine_build: str | int | None = None,
     gpu_memory_utilization: float | None = None,
 ) -> Estimate:
-    """Predict memory, fit and throughput for one configuration.
+    """Predict memory, fit and throughput for one configuration: :func:`predict_scenario` of the
+    :class:`~predictor.scenario.Scenario` these arguments describe (see there for their meaning)."""
+    scenario = Scenario(
+        model=model, device=device, engine=engine, quant=quant, context=context, prompt_tokens=prompt_tokens,
+        batch=batch, kv_dtype=kv_dtype, flash_attn=flash_attn, n_ubatch=n_ubatch, offload_fraction=offload_fraction,
+        device_count=device_count, engine_build=engine_build, host_bandwidth_gbs=host_bandwidth_gbs,
+        host_memory_gib=host_memory_gib, enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization)
+    return predict_scenario(scenario, coefficients, launch=launch)
 
-    ``device`` is a catalogue id/name or a :class:`Device` (use ``predictor.devices.cpu_device`` for
-    the host CPU). ``quant`` defaults to the GGUF's own type or Q4_K_M (llama.cpp) / BF16 (vLLM).
-    ``coefficients``: a path, a loaded table, ``None`` for engine defaults, or ``"default"`` for the
-    committed calibration table when present. ``engine_build``: the engine build (llama.cpp build number) or
-    version (vLLM) to predict for; its era's fitted values are used (default: the newest era with data).
-    ``gpu_memory_utilization``: vLLM's share of the device its KV pool is sized from (default 0.9, as ``vllm serve``).
+
+def predict_scenario(
+    scenario: Scenario,
+    coefficients: str | Path | Coefficients | None = "default",
+    *,
+    launch: bool = True,
+) -> Estimate:
+    """Predict memory, fit and throughput for one scenario.
+
+    ``scenario.device`` is a catalogue id/name or a :class:`Device` (use ``predictor.devices.cpu_device`` for
+    the host CPU). ``scenario.quant`` defaults to the GGUF's own type or the engine's default format (Q4_K_M for
+    llama.cpp, BF16 for vLLM). ``coefficients``: a path, a loaded table, ``None`` for engine defaults, or
+    ``"default"`` for the committed calibration table when present. ``scenario.engine_build``: the engine build
+    (llama.cpp build number) or version (vLLM) to predict for; its era's fitted values are used (default: the
+    newest era with data). ``scenario.gpu_memory_utilization``: vLLM's share of the device its KV pool is sized
+    from (default 0.9, as ``vllm serve``).
     """
-    eng = normalize_engine(engine)
-    arch = model if isinstance(model, ModelArch) else resolve_model(model)
-    dev = device if isinstance(device, Device) else resolve_device(device)
-    if quant is None:
-        quant = arch.weights_quant or traits(eng).default_quant
-    q = resolve_quant(quant, eng)
-    kv_name = kv_dtype or traits(eng).default_kv_dtype
-    kv = resolve_kv_dtype(kv_name, eng)
-    positive("--ctx", context)
-    positive("--prompt", prompt_tokens)
-    positive("--batch", batch)
-    positive("--gpus", device_count)
-    positive("--n-ubatch", n_ubatch)
-    non_negative("--offload", offload_fraction)
-    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-        raise BenchcalError(f"--gpu-memory-utilization is a fraction of the device in (0, 1], got {gpu_memory_utilization}")
-    if offload_fraction > 1:
-        raise BenchcalError(f"--offload is a fraction of the layers, between 0 and 1, got {offload_fraction}")
-    require_context(arch, context)
-    if eng not in dev.engines:
-        raise BenchcalError(f"{eng} does not run on {dev.name} (engines there: {', '.join(dev.engines)})")
-    if device_count > 1 and dev.kind != "gpu":
-        raise BenchcalError(f"--gpus {device_count}: tensor parallelism needs discrete GPUs, {dev.name} is {dev.kind}")
+    s = scenario
+    eng, arch, dev = normalize_engine(s.engine), scenario_arch(s), scenario_device(s)
+    validate_scenario(s, arch, dev, eng)
     if isinstance(coefficients, Coefficients):
         table = coefficients
     elif coefficients == "default":
         table = default_coefficients()
     else:
         table = load_coefficients(coefficients)
-    era = era_for_build(eng, engine_build).id if engine_build is not None else table.newest_era(eng, dev.kind)
+    era = era_for_build(eng, s.engine_build).id if s.engine_build is not None else table.newest_era(eng, dev.kind)
     cset = table.lookup(eng, dev.id, dev.family, era, dev.kind, dev)
-    exact, weights_source = known_weights_bytes(arch, q, eng)
-    require_bits(q, exact)
-    expert_bits, other_bits = format_bits(arch, q, eng)
-    host_bw = float(host_bandwidth_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else DEFAULT_HOST_BANDWIDTH_GBS))
-    values = evaluate(
-        arch, eng, cset,
-        **device_kwargs(dev, eng),
-        bits_per_weight=expert_bits,
-        bits_per_weight_non_expert=other_bits,
-        exact_weights_bytes=exact,
-        kv_bytes_per_element=kv.bytes_per_element,
-        context=context, batch=batch, prompt_tokens=prompt_tokens, device_count=device_count,
-        offload_fraction=offload_fraction, flash_attn=flash_attn, n_ubatch=n_ubatch,
-        host_bandwidth_gbs=host_bw,
-        host_memory_gib=host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
-        enforce_eager=enforce_eager,
-        **cpu_kernel_kwargs(arch, q.id),
-    )
+    inputs = scenario_inputs(s, arch, dev, eng)
+    require_bits(inputs.quant, inputs.weights_bytes)
+
+    def run(offload: float, **extra: Any) -> dict[str, Any]:
+        return evaluate(arch, eng, cset, **{**inputs.kwargs, "offload_fraction": offload}, **extra)
+
+    values = run(s.offload_fraction)
     scalars = {k: float(np.asarray(val).reshape(-1)[0]) for k, val in values.items()}
-    throughput_offload = float(offload_fraction)
-    if VERDICTS[int(scalars["verdict"])] == "needs offload" and offload_fraction == 0:
+    throughput_offload = float(s.offload_fraction)
+    if VERDICTS[int(scalars["verdict"])] == "needs offload" and s.offload_fraction == 0:
         # Memory and verdict describe the configuration asked for; the speeds describe the one that
         # runs: the most layers that fit on the device, the rest in host RAM.
         layers = arch.num_layers
         throughput_offload = 1.0 - min(scalars["max_gpu_layers"], layers) / layers
-        rerun = evaluate(arch, eng, cset, **device_kwargs(dev, eng), bits_per_weight=expert_bits,
-                         bits_per_weight_non_expert=other_bits, exact_weights_bytes=exact,
-                         kv_bytes_per_element=kv.bytes_per_element, context=context, batch=batch,
-                         prompt_tokens=prompt_tokens, device_count=device_count,
-                         offload_fraction=throughput_offload, flash_attn=flash_attn, n_ubatch=n_ubatch,
-                         host_bandwidth_gbs=host_bw, host_memory_gib=host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
-                         enforce_eager=enforce_eager, with_max_context=False, **cpu_kernel_kwargs(arch, q.id))
+        rerun = run(throughput_offload, with_max_context=False)
         for key in ("decode_step_s", "decode_tok_s", "decode_tok_s_total", "prefill_s", "prefill_tok_s", "ttft_s"):
             scalars[key] = float(np.asarray(rerun[key]).reshape(-1)[0])
         scalars["recommended_offload_bytes"] = float(np.asarray(rerun["offload_bytes"]).reshape(-1)[0])
+    q, host_bw = inputs.quant, inputs.kwargs["host_bandwidth_gbs"]
+    context, batch, device_count, prompt_tokens = s.context, s.batch, s.device_count, s.prompt_tokens
+    offload_fraction, flash_attn, n_ubatch, engine_build = s.offload_fraction, s.flash_attn, s.n_ubatch, s.engine_build
     est = Estimate(
-        model=arch, device=dev, quant=q, engine=eng, context=int(context), batch=int(batch), kv_dtype=kv.id,
+        model=arch, device=dev, quant=q, engine=eng, context=int(context), batch=int(batch), kv_dtype=inputs.kv.id,
         device_count=int(device_count), prompt_tokens=int(prompt_tokens), offload_fraction=float(offload_fraction),
         flash_attn=bool(flash_attn), n_ubatch=int(n_ubatch), coefficients=cset, values=scalars,
-        weights_source=weights_source, host_bandwidth_gbs=host_bw, throughput_offload_fraction=throughput_offload,
+        weights_source=inputs.weights_source, host_bandwidth_gbs=host_bw, throughput_offload_fraction=throughput_offload,
         era=era_description(eng, dev.kind, era, engine_build, cset),
     )
-    est.serving = kv_pool(est, gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION)
+    est.serving = kv_pool(est, s.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION)
     if launch:
         est.launch = launch_commands(est, predict)
     return est

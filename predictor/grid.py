@@ -13,8 +13,9 @@ import numpy as np
 from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, Coefficients
 from predictor.devices import Device
-from predictor.estimate import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_PROMPT_TOKENS, device_kwargs, evaluate
+from predictor.estimate import evaluate
 from predictor.quants import QuantFormat
+from predictor.scenario import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_PROMPT_TOKENS, device_kwargs
 from predictor.weights import cpu_kernel_kwargs, format_bits, known_weights_bytes
 
 

@@ -146,7 +146,8 @@ def test_unified_memory_gpus_and_the_cpu_pay_for_unpacking_quantized_weights():
 
 def prefill_only(device_id: str, bits_per_weight: float, term: str, value: float, **options) -> float:
     """Prefill seconds of Llama-3-8B (2048-token prompt) with every term neutral but ``term``."""
-    from predictor.estimate import device_kwargs, evaluate
+    from predictor.estimate import evaluate
+    from predictor.scenario import device_kwargs
     coeffs = dict(Coefficients().lookup("llama.cpp", "none", "none").values)
     coeffs.update({"prefill_fixed_ms": 0.0, "decode_bw_efficiency": 1e200, "prefill_compute_efficiency": 1e200,
                    "prefill_scores_efficiency": 1e200, "prefill_attn_efficiency": 1e200, term: value})
@@ -179,7 +180,8 @@ def test_the_cpu_generic_matmul_path_costs_more_per_token_than_the_repacked_kern
     # llama.cpp repacks Q4_0 / Q4_K / IQ4_NL for its CPU GEMM kernels; Q8_0 and F16 take the generic path,
     # prefill_generic_flops_per_weight operations per layer weight and token at the measured FLOPS.
     from predictor.devices import cpu_device
-    from predictor.estimate import device_kwargs, evaluate
+    from predictor.estimate import evaluate
+    from predictor.scenario import device_kwargs
     from predictor.throughput import lm_head_params
 
     arch, cpu = resolve_model("llama-3-8b"), cpu_device(bandwidth_gbs=20.0, tflops=0.1, memory_gib=64.0)

@@ -12,7 +12,7 @@ from predictor.devices import Device, load_devices, resolve_device
 from predictor.engines import traits
 from predictor.eras import era_for_build
 from predictor.errors import BenchcalError, positive
-from predictor.estimate import DEFAULT_PROMPT_TOKENS, predict, require_context
+from predictor.estimate import predict_scenario
 from predictor.models import load_catalogue, resolve_model
 from predictor.quants import normalize_engine
 from predictor.render import FORMATS, render
@@ -24,6 +24,7 @@ from predictor.reports import (
     predict_report,
     recommend_report,
 )
+from predictor.scenario import DEFAULT_PROMPT_TOKENS, Scenario, require_context
 
 RAW = argparse.RawDescriptionHelpFormatter
 
@@ -83,6 +84,17 @@ def emit(text: str, args) -> None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
+def scenario_from_args(args, dev: Device) -> Scenario:
+    """The scenario ``benchcal predict``'s arguments describe, on the resolved device ``dev``."""
+    return Scenario(
+        model=resolve_model(args.model), device=dev, engine=args.engine, quant=args.quant, context=args.ctx,
+        prompt_tokens=args.prompt, batch=args.batch, kv_dtype=args.kv_dtype, flash_attn=not args.no_flash_attn,
+        n_ubatch=args.n_ubatch, offload_fraction=args.offload, device_count=args.gpus, engine_build=args.engine_build,
+        host_bandwidth_gbs=args.host_bw_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else None),
+        host_memory_gib=args.host_mem_gib, gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+
+
 def cmd_predict(args) -> int:
     if args.prompt is not None and args.prompt > args.ctx:
         raise BenchcalError(f"--prompt {args.prompt} does not fit the context of {args.ctx} tokens (--ctx)")
@@ -91,14 +103,7 @@ def cmd_predict(args) -> int:
         era_for_build(normalize_engine(args.engine), args.engine_build)
     table = _table(args)
     dev = resolve_gpu(args, table)
-    est = predict(
-        resolve_model(args.model), dev, args.quant, args.ctx, args.engine,
-        prompt_tokens=args.prompt, batch=args.batch, kv_dtype=args.kv_dtype, device_count=args.gpus,
-        offload_fraction=args.offload, flash_attn=not args.no_flash_attn, n_ubatch=args.n_ubatch,
-        coefficients=table, host_bandwidth_gbs=args.host_bw_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else None),
-        host_memory_gib=args.host_mem_gib, engine_build=args.engine_build,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-    )
+    est = predict_scenario(scenario_from_args(args, dev), table)
     emit(render(predict_report(est, table), args.format), args)
     return 0
 

@@ -1,0 +1,133 @@
+"""One prediction's result, :class:`Estimate`: its inputs resolved, the model's figures, and the stable JSON
+contract of ``benchcal predict --format json`` (documented in docs/commands.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from predictor import memory as mem
+from predictor.architecture import ModelArch
+from predictor.coefficients import CoefficientSet, host_calibration_note
+from predictor.devices import Device
+from predictor.quants import QuantFormat
+from predictor.weights import WEIGHTS_FROM_FILE, weights_bits_per_weight
+
+GIB = mem.GIB
+VERDICTS = ("fits", "tight", "needs offload", "does not fit")
+
+
+@dataclass
+class Estimate:
+    """One prediction: inputs, memory breakdown, fit, throughput, launch commands, provenance."""
+
+    model: ModelArch
+    device: Device
+    quant: QuantFormat
+    engine: str
+    context: int
+    batch: int
+    kv_dtype: str
+    device_count: int
+    prompt_tokens: int
+    offload_fraction: float
+    flash_attn: bool
+    n_ubatch: int
+    coefficients: CoefficientSet
+    values: dict[str, float]
+    weights_source: str  # WEIGHTS_FROM_FILE, _PLAN, _NATIVE_EXPERTS or _WIDTH
+    host_bandwidth_gbs: float
+    throughput_offload_fraction: float = 0.0  # the offload the speeds assume (the recommended one when needed)
+    launch: dict[str, str] = field(default_factory=dict)
+    era: dict[str, Any] = field(default_factory=dict)  # the engine build era used (see era_description)
+    serving: dict[str, Any] | None = None  # vLLM on a GPU: its KV pool and concurrency (predictor.serving)
+
+    @property
+    def weights_bits_per_weight(self) -> float | None:
+        return weights_bits_per_weight(self.model, self.quant, self.values["weights_total_bytes"], self.weights_source)
+
+    @property
+    def verdict(self) -> str:
+        return VERDICTS[int(self.values["verdict"])]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable JSON contract of ``benchcal predict --format json`` (documented in docs/commands.md)."""
+        v = self.values
+        d, m = self.device, self.model
+        price = d.cloud_usd_per_hour
+        cost = None
+        if price and v["decode_tok_s_total"] > 0:
+            cost = round(price * self.device_count / (v["decode_tok_s_total"] * 3600.0) * 1e6, 2)
+        c = self.coefficients
+        return {
+            "schema": "benchcal.estimate/1",
+            "model": {
+                "id": m.id, "name": m.name, "hf_id": m.hf_id, "source": m.source,
+                "params_b": round(m.params_total / 1e9, 3),
+                "active_params_b": round(m.params_active / 1e9, 3),
+                "architecture": m.architecture, "attention": m.attention, "layers": m.num_layers,
+                "max_context": m.max_context, "moe": bool(m.num_experts),
+            },
+            "gpu": {
+                "id": d.id, "name": d.name, "kind": d.kind, "count": self.device_count,
+                "memory_gib": round(d.memory_gib, 2),
+                "usable_gib": round(v["usable_bytes"] / GIB, 2),
+                "bandwidth_gbs": d.bandwidth_gbs, "fp16_tflops": d.fp16_tflops,
+                "matmul_tflops": d.matmul_tflops(self.engine), "family": d.family,
+                "cloud_usd_per_hour": price,
+            },
+            "engine": self.engine,
+            "quant": self.quant.id,
+            "bits_per_weight": self.quant.bits_per_weight,
+            "context": self.context,
+            "batch": self.batch,
+            "kv_dtype": self.kv_dtype,
+            "flash_attn": self.flash_attn,
+            "n_ubatch": self.n_ubatch,
+            "offload_fraction": self.offload_fraction,
+            "memory": {
+                "weights_gib": _r(v["weights_bytes"] / GIB),
+                "weights_total_gib": _r(v["weights_total_bytes"] / GIB),
+                "weights_exact": self.weights_source == WEIGHTS_FROM_FILE,
+                "weights_source": self.weights_source,
+                "weights_bits_per_weight": self.weights_bits_per_weight,
+                "kv_cache_gib": _r(v["kv_cache_bytes"] / GIB),
+                "runtime_gib": _r(v["runtime_bytes"] / GIB),
+                "total_gib": _r(v["total_bytes"] / GIB),
+                "offload_gib": _r(v["offload_bytes"] / GIB),
+            },
+            "fit": {
+                "verdict": self.verdict,
+                "headroom_gib": _r(v["headroom_bytes"] / GIB),
+                "utilization": round(float(v["utilization"]), 4),
+                "max_context": int(v["max_context"]),
+                "max_gpu_layers": int(v["max_gpu_layers"]),
+                "recommended_offload_gib": _r(v.get("recommended_offload_bytes", 0.0) / GIB),
+            },
+            "throughput": {
+                "decode_tok_s": _r(v["decode_tok_s"], 2),
+                "decode_tok_s_total": _r(v["decode_tok_s_total"], 2),
+                "decode_context": int(v["decode_context"]),
+                "prefill_tok_s": _r(v["prefill_tok_s"], 1),
+                "ttft_ms": _r(v["ttft_s"] * 1000.0, 1),
+                "prompt_tokens": self.prompt_tokens,
+                "host_bandwidth_gbs": self.host_bandwidth_gbs,
+                "offload_fraction": round(self.throughput_offload_fraction, 4),
+                "cost_per_1m_output_usd": cost,
+            },
+            "calibration": {
+                "status": c.status, "scope": c.scope, "source": c.source,
+                "error_band": dict(c.error_band), "error_band_source": c.band_source, "note": host_calibration_note(self.device.kind, self.device.id, c.scope),
+                "coefficients": {k: c.values[k] for k in sorted(c.values)},
+                "coefficient_sources": {k: c.source_of(k) for k in sorted(c.values)},
+                "era": dict(self.era),
+            },
+            "serving": dict(self.serving) if self.serving else None,
+            "launch": dict(self.launch),
+        }
+
+
+def _r(x, nd: int = 3) -> float | None:
+    """Round for the JSON contract; a figure the catalogue cannot give (NaN) becomes null."""
+    x = float(x)
+    return None if x != x else round(x, nd)

@@ -1,0 +1,186 @@
+"""One configuration to predict, as one frozen value: model, device, engine, weights format, context, prompt,
+batch, KV dtype, flash attention, micro-batch, offload, device count, engine build and the host it runs beside.
+
+A :class:`Scenario` is built once, from the command line (``benchcal predict``), a run configuration or record
+(:meth:`Scenario.from_config`: the harness's predictions and the calibration's features read the same fields the
+same way), and varied with :meth:`Scenario.replace`. :func:`predictor.estimate.predict_scenario` takes one.
+
+:func:`scenario_inputs` is the one translation of a scenario into the analytical model's inputs, shared by
+``predict_scenario`` and the calibration's features (:mod:`calibration.features`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from predictor.architecture import ModelArch
+from predictor.devices import Device, resolve_device
+from predictor.engines import traits
+from predictor.errors import BenchcalError, non_negative, positive
+from predictor.models import resolve_model
+from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype, resolve_quant
+from predictor.weights import WEIGHTS_FROM_FILE, cpu_kernel_kwargs, format_bits, known_weights_bytes
+
+DEFAULT_CONTEXT = 8192
+DEFAULT_PROMPT_TOKENS = 4096  # like the public calculators' TTFT figure
+DEFAULT_N_UBATCH = 512  # llama.cpp's default micro-batch (-ub)
+DEFAULT_HOST_BANDWIDTH_GBS = 60.0  # dual-channel DDR5-4800 (2 x 38.4 GB/s peak), a typical desktop host
+DEFAULT_HOST_MEMORY_GIB = 64.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What one prediction describes. ``model`` and ``device`` are catalogue ids (or names) or resolved objects;
+    ``quant`` None is the GGUF's own type or the engine's default format; ``kv_dtype`` None the engine's default;
+    ``engine_build`` None the newest era with data; ``host_*`` None the defaults for the host beside a GPU (a CPU
+    device's own figures on a CPU); ``gpu_memory_utilization`` None vLLM's default (0.9); ``weights_bytes`` None
+    the weights sized from the model and the format (its GGUF file, llama-quantize's tensor types, else the format's
+    average width)."""
+
+    model: str | ModelArch
+    device: str | Device
+    engine: str = "llama.cpp"
+    quant: str | None = None
+    context: int = DEFAULT_CONTEXT
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+    batch: int = 1
+    kv_dtype: str | None = None
+    flash_attn: bool = True
+    n_ubatch: int = DEFAULT_N_UBATCH
+    offload_fraction: float = 0.0
+    device_count: int = 1
+    engine_build: str | int | None = None
+    host_bandwidth_gbs: float | None = None
+    host_memory_gib: float | None = None
+    enforce_eager: bool = False
+    gpu_memory_utilization: float | None = None
+    weights_bytes: float | None = None  # the weights' tensor bytes when known (a measured file); None: sized
+
+    def replace(self, **changes: Any) -> Scenario:
+        """A copy with ``changes`` applied (``dataclasses.replace``)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], *, model: Any = None, device: Any = None,
+                    host: Mapping[str, Any] | None = None, prompt_tokens: int | None = None) -> Scenario:
+        """The scenario a run configuration (a record's ``config``) measures.
+
+        ``model`` / ``device``: resolved objects to use instead of the config's ids (the harness passes the
+        architecture its engine lays out and the host CPU as a device); ``host``: the host's measured bandwidth
+        and memory; ``prompt_tokens``: the prompt to predict for (default: the config's longest).
+        """
+        options = config.get("engine_options") or {}
+        prompts = list(config.get("prompt_tokens") or [])
+        return cls(
+            model=model if model is not None else str(config["model"]),
+            device=device if device is not None else str(config["device"]),
+            engine=str(config.get("engine") or "llama.cpp"),
+            quant=config.get("quant"),
+            context=int(config.get("context") or DEFAULT_CONTEXT),
+            prompt_tokens=int(prompt_tokens if prompt_tokens is not None else max(prompts or [512])),
+            batch=int(config.get("batch") or 1),
+            kv_dtype=config.get("kv_dtype"),
+            flash_attn=bool(options.get("flash_attn", False)),
+            n_ubatch=int(options.get("n_ubatch") or DEFAULT_N_UBATCH),
+            offload_fraction=float(config.get("offload_fraction") or 0.0),
+            device_count=int(config.get("device_count") or 1),
+            host_bandwidth_gbs=(host or {}).get("bandwidth_gbs"),
+            host_memory_gib=(host or {}).get("memory_gib"),
+            enforce_eager=bool(options.get("enforce_eager", False)),
+        )
+
+
+def require_context(arch: ModelArch, context: int) -> None:
+    """A positive context no longer than the model's maximum, else a BenchcalError."""
+    positive("--ctx", context)
+    if context > arch.max_context:
+        raise BenchcalError(f"context {context} is above {arch.id}'s maximum of {arch.max_context} tokens")
+
+
+def device_kwargs(device: Device, engine: str) -> dict[str, Any]:
+    """The device's figures as keyword arguments of ``evaluate`` for ``engine`` (whose matmul peak may differ)."""
+    tflops = device.matmul_tflops(engine)
+    return {
+        "memory_gib": device.memory_gib,
+        "usable_gib": np.nan if device.usable_gib is None else device.usable_gib,
+        "kind": device.kind,
+        "bandwidth_gbs": np.nan if device.bandwidth_gbs is None else device.bandwidth_gbs,
+        "tflops": np.nan if tflops is None else tflops,
+    }
+
+
+@dataclass(frozen=True)
+class ScenarioInputs:
+    """A scenario resolved into what :func:`evaluate` takes: its weights format and KV dtype, the weights' bytes
+    where known and how (``weights_source``), and ``kwargs``, every input of ``evaluate`` but the model, the
+    engine and the coefficients (prompt and context as scalars)."""
+
+    quant: QuantFormat
+    kv: Any
+    weights_bytes: float | None
+    weights_source: str
+    kwargs: dict[str, Any]
+
+
+def scenario_arch(s: Scenario) -> ModelArch:
+    return s.model if isinstance(s.model, ModelArch) else resolve_model(s.model)
+
+
+def scenario_device(s: Scenario) -> Device:
+    return s.device if isinstance(s.device, Device) else resolve_device(s.device)
+
+
+def validate_scenario(s: Scenario, arch: ModelArch, dev: Device, engine: str) -> None:
+    """What a user can ask for that the model cannot describe: a one-line BenchcalError each."""
+    positive("--ctx", s.context)
+    positive("--prompt", s.prompt_tokens)
+    positive("--batch", s.batch)
+    positive("--gpus", s.device_count)
+    positive("--n-ubatch", s.n_ubatch)
+    non_negative("--offload", s.offload_fraction)
+    if s.gpu_memory_utilization is not None and not 0 < s.gpu_memory_utilization <= 1:
+        raise BenchcalError(f"--gpu-memory-utilization is a fraction of the device in (0, 1], got {s.gpu_memory_utilization}")
+    if s.offload_fraction > 1:
+        raise BenchcalError(f"--offload is a fraction of the layers, between 0 and 1, got {s.offload_fraction}")
+    require_context(arch, s.context)
+    if engine not in dev.engines:
+        raise BenchcalError(f"{engine} does not run on {dev.name} (engines there: {', '.join(dev.engines)})")
+    if s.device_count > 1 and dev.kind != "gpu":
+        raise BenchcalError(f"--gpus {s.device_count}: tensor parallelism needs discrete GPUs, {dev.name} is {dev.kind}")
+
+
+def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | None = None,
+                    engine: str | None = None) -> ScenarioInputs:
+    """The one translation of a scenario into the model's inputs, used by :func:`predict_scenario` and by the
+    calibration's features (:mod:`calibration.features`), so a fitted coefficient meets the inputs a prediction
+    gives it. ``arch`` / ``dev`` / ``engine``: the scenario's, resolved already (else resolved here)."""
+    eng = engine or normalize_engine(s.engine)
+    arch = arch or scenario_arch(s)
+    dev = dev or scenario_device(s)
+    q = resolve_quant(s.quant or arch.weights_quant or traits(eng).default_quant, eng)
+    kv = resolve_kv_dtype(s.kv_dtype or traits(eng).default_kv_dtype, eng)
+    if s.weights_bytes is not None:
+        exact, weights_source = float(s.weights_bytes), WEIGHTS_FROM_FILE
+    else:
+        exact, weights_source = known_weights_bytes(arch, q, eng)
+    expert_bits, other_bits = format_bits(arch, q, eng)
+    host_bw = float(s.host_bandwidth_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else DEFAULT_HOST_BANDWIDTH_GBS))
+    kwargs = {
+        **device_kwargs(dev, eng),
+        "bits_per_weight": expert_bits,
+        "bits_per_weight_non_expert": other_bits,
+        "exact_weights_bytes": exact,
+        "kv_bytes_per_element": kv.bytes_per_element,
+        "context": s.context, "batch": s.batch, "prompt_tokens": s.prompt_tokens, "device_count": s.device_count,
+        "offload_fraction": s.offload_fraction, "flash_attn": s.flash_attn, "n_ubatch": s.n_ubatch,
+        "host_bandwidth_gbs": host_bw,
+        "host_memory_gib": s.host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
+        "enforce_eager": s.enforce_eager,
+        **cpu_kernel_kwargs(arch, q.id),
+    }
+    return ScenarioInputs(q, kv, exact, weights_source, kwargs)
