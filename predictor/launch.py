@@ -3,6 +3,11 @@
 The commands carry the configuration: context, layers on the GPU (the most that fit when the
 model needs offload), flash attention, KV cache type, parallel sequences, tensor parallelism, and
 a vLLM ``--gpu-memory-utilization`` derived from the predicted need rather than a fixed 0.9.
+
+This module stays in the predictor, below the reports (:mod:`benchcal.reports`): the commands are part of a
+prediction's JSON contract, and the harness stores that prediction, commands included, in every run record it
+writes, so they must be computable where the harness can reach them. They are pure string formatting of the
+estimate; the one prediction they need (the offload a command sets) comes in as a function argument.
 """
 
 from __future__ import annotations

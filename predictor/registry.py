@@ -3,7 +3,7 @@ that default comes from, the range a fitted value may take, how it enters the mo
 efficiency, as its inverse), the fitted quantities it is a term of, and the devices and engines it acts on.
 
 :mod:`predictor.coefficients` (defaults, tables), :mod:`calibration.fit` (bounds), :mod:`calibration.features`
-(terms), :mod:`calibration.output` (units) and :mod:`predictor.reports` (where a coefficient is shown) all read
+(terms), :mod:`calibration.output` (units) and :mod:`benchcal.reports.predictions` (where a coefficient is shown) all read
 this registry. Every coefficient is physical, so a fitted table can be read.
 """
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from test_calibration_fit import true_table, write_formula_fixture
 
+from calibration.comparison import block_predictions
 from calibration.dataset import load_dataset, predict
 from calibration.features import QUANTITY_TERMS, run_arch
 from calibration.observations import load_observations, model_key
-from calibration.report import block_predictions
 from calibration.table import fit_table
 from harness import records
 from predictor.coefficients import Coefficients

@@ -39,11 +39,11 @@ def test_a_device_without_a_flops_figure_predicts_decode_and_says_why_prefill_is
     # cannot be predicted; the reports say so instead of failing, and JSON stays strict (null, never NaN).
     import dataclasses
 
+    from benchcal.reports.predictions import predict_report
+    from benchcal.reports.render import render
     from predictor.devices import resolve_device
     from predictor.estimate import predict
     from predictor.models import resolve_model
-    from predictor.render import render
-    from predictor.reports import predict_report
 
     spark = resolve_device("dgx-spark")
     unknown = dataclasses.replace(spark, fp16_tflops=None, notes={**spark.notes, "fp16_tflops": "no source"})
@@ -142,8 +142,8 @@ def test_malformed_config_names_the_missing_field(tmp_path):
 def test_recommend_never_picks_a_device_whose_decode_is_unknown():
     import math
 
+    from benchcal.reports.predictions import recommend_report
     from predictor.models import resolve_model
-    from predictor.reports import recommend_report
 
     arch = resolve_model("qwen2.5-72b")
     for min_decode in (0.0, 20.0, 500.0):

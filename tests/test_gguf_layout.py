@@ -131,8 +131,8 @@ def test_imported_llama_bench_model_sizes_match_the_plan():
 
 
 def test_the_quant_matrix_lists_each_file_at_its_own_width_widest_first():
+    from benchcal.reports.predictions import matrix_report
     from predictor.devices import resolve_device
-    from predictor.reports import matrix_report
 
     rep = matrix_report(resolve_model("qwen2.5-72b"), resolve_device("h200"), contexts=[4096], table=None)
     rows = rep.data["rows"]

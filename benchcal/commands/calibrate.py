@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from benchcal.argtypes import non_negative_int
+from benchcal.reports.render import FORMATS
 from predictor.errors import BenchcalError, positive
-from predictor.render import FORMATS
 
 RAW = argparse.RawDescriptionHelpFormatter
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "calibration"
@@ -102,8 +102,8 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from calibration.report import build_report
-    from predictor.render import render
+    from benchcal.reports.calibration import build_report
+    from benchcal.reports.render import render
 
     table = _table(args.coefficients)
     dataset, _dirs = _dataset(args)

@@ -7,6 +7,15 @@ import sys
 from pathlib import Path
 
 from benchcal.argtypes import fraction, non_negative_float, positive_float, positive_int, share
+from benchcal.reports.predictions import (
+    catalogue_devices_report,
+    catalogue_models_report,
+    leaderboard_report,
+    matrix_report,
+    predict_report,
+    recommend_report,
+)
+from benchcal.reports.render import FORMATS, render
 from predictor.coefficients import Coefficients, default_coefficients, load_coefficients
 from predictor.devices import Device, load_devices, resolve_device
 from predictor.engines import traits
@@ -15,15 +24,6 @@ from predictor.errors import BenchcalError, positive
 from predictor.estimate import predict_scenario
 from predictor.models import load_catalogue, resolve_model
 from predictor.quants import normalize_engine
-from predictor.render import FORMATS, render
-from predictor.reports import (
-    catalogue_devices_report,
-    catalogue_models_report,
-    leaderboard_report,
-    matrix_report,
-    predict_report,
-    recommend_report,
-)
 from predictor.scenario import DEFAULT_PROMPT_TOKENS, Scenario, require_context
 
 RAW = argparse.RawDescriptionHelpFormatter

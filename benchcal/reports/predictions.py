@@ -1,7 +1,7 @@
 """Report builders: the fit report, context scaling, quantization matrix, hardware leaderboard,
 recommendations and catalogue listings — the content the public calculators show, from our model.
 
-Each builder returns a :class:`predictor.render.Report`; ``render`` formats it.
+Each builder returns a :class:`benchcal.reports.render.Report`; ``render`` formats it.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from benchcal.reports.render import Chart, Report
 from predictor import memory as mem
 from predictor.architecture import ModelArch
 from predictor.coefficients import Coefficients
@@ -19,7 +20,6 @@ from predictor.estimate import GIB, VERDICTS, Estimate, predict
 from predictor.grid import sweep
 from predictor.quants import QuantFormat, quant_formats, resolve_kv_dtype, resolve_quant
 from predictor.registry import REGISTRY
-from predictor.render import Chart, Report
 from predictor.weights import (
     WEIGHTS_FROM_WIDTH,
     format_bits,

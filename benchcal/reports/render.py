@@ -1,7 +1,7 @@
 """Render a :class:`Report` as a terminal table, Markdown, JSON or one self-contained HTML page.
 
 A report is data: a title, a subtitle, sections (key/value blocks, tables, code blocks) and
-charts (x/y series). Builders in ``predictor.reports`` and ``calibration.report`` produce them;
+charts (x/y series). Builders in :mod:`benchcal.reports.predictions` and :mod:`benchcal.reports.calibration` produce them;
 this module only formats. Charts are drawn with matplotlib into inline SVG, so the HTML page
 needs no network and no script.
 """
