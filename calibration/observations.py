@@ -166,22 +166,17 @@ def source_set(record: dict[str, Any]) -> str:
     return f"measured:{device}"
 
 
-def _offload_fraction(config: dict[str, Any]) -> float:
-    """Share of layers on the host: the config's own figure (set by the harness when it planned it)."""
-    return float(config.get("offload_fraction") or 0.0)
-
-
 def run_row(path: Path, record: dict[str, Any]) -> dict[str, Any]:
     """The configuration of one run, flat (see ``RUN_COLUMNS``), with the defaults the fits assume filled in."""
     base = record_tables.common_columns(path, record)
-    config = record.get("config") or {}
     prov = record.get("provenance") or {}
-    overrides = dict(config.get("arch_overrides") or {})
-    host_memory = prov.get("host_memory_bytes")
+    overrides = base["arch_overrides"]
+    host_memory = base["host_memory_bytes"]
     prediction = record.get("prediction") or {}
     error = record.get("prediction_error")
     row = {name: base[name] for name in ("id", "status", "source", "model", "quant", "engine", "device",
-                                          "n_gpu_layers", "host_bandwidth_gbs", "engine_version", "path")}
+                                          "n_gpu_layers", "host_bandwidth_gbs", "engine_version", "path",
+                                          "weights_bytes", "host_matmul_gflops", "quantized_matmul")}
     row.update({
         "reason": record.get("reason"),
         "arch_overrides": json.dumps(overrides, sort_keys=True) if overrides else "",
@@ -192,17 +187,14 @@ def run_row(path: Path, record: dict[str, Any]) -> dict[str, Any]:
         "kv_dtype": base["kv_dtype"] or "f16",
         "flash_attn": bool(base["flash_attn"]),
         "n_ubatch": int(base["n_ubatch"] or 512),
-        "offload_fraction": _offload_fraction(config),
-        "weights_bytes": prov.get("weights_bytes") or prov.get("model_size_bytes"),
-        "host_matmul_gflops": prov.get("host_matmul_gflops"),
+        "offload_fraction": float(base["offload_fraction"] or 0.0),
         "host_id": record_host_id(prov) if base["device"] == "cpu" else None,
         "host_memory_gib": host_memory / 2**30 if isinstance(host_memory, (int, float)) else None,
-        "quantized_matmul": prov.get("quantized_matmul"),
         "prediction_error": error.get("kind") if isinstance(error, dict) else None,
         "pred_verdict": (prediction.get("fit") or {}).get("verdict") if isinstance(prediction, dict) else None,
-        "excluded_from_fit": json.dumps(prov["excluded_from_fit"]) if prov.get("excluded_from_fit") else "",
+        "excluded_from_fit": json.dumps(base["excluded_from_fit"]) if base["excluded_from_fit"] else "",
         "source_set": source_set(record),
-        "era": run_era(str(base["engine"]), base["engine_version"], prov.get("engine_commit")),
+        "era": run_era(str(base["engine"]), base["engine_version"], base["engine_commit"]),
     })
     return {name: row[name] for name in RUN_COLUMNS}
 

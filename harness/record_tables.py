@@ -70,7 +70,9 @@ def prediction_columns(prediction: Any) -> dict[str, Any]:
 
 
 def common_columns(path: Path, record: dict[str, Any]) -> dict[str, Any]:
-    """A run's identity and configuration, flat, values as the record holds them (no defaults filled in)."""
+    """A run's identity and configuration, flat, values as the record holds them (no defaults filled in): the one
+    flattening of a record, which ``benchcal runs`` (:func:`run_row`) and the calibration
+    (:func:`calibration.observations.run_row`, which fills in the defaults the fits assume) both build on."""
     config = record.get("config") or {}
     options = config.get("engine_options") or {}
     provenance = record.get("provenance") or {}
@@ -97,6 +99,14 @@ def common_columns(path: Path, record: dict[str, Any]) -> dict[str, Any]:
         "device_bandwidth_gbs": provenance.get("device_bandwidth_gbs"),
         "started_at": provenance.get("started_at"),
         "path": str(path),
+        # what the fits read beside the columns above (calibration.observations)
+        "arch_overrides": dict(config.get("arch_overrides") or {}),
+        "weights_bytes": provenance.get("weights_bytes") or provenance.get("model_size_bytes"),
+        "host_matmul_gflops": provenance.get("host_matmul_gflops"),
+        "host_memory_bytes": provenance.get("host_memory_bytes"),
+        "quantized_matmul": provenance.get("quantized_matmul"),
+        "engine_commit": provenance.get("engine_commit"),
+        "excluded_from_fit": provenance.get("excluded_from_fit"),
     }
 
 

@@ -1,4 +1,5 @@
-"""Run records: schema and atomic store (the pandas loaders are in :mod:`harness.record_tables`).
+"""Run records: building them and their atomic store (the schema is :mod:`harness.record_schema`, the pandas
+loaders are in :mod:`harness.record_tables`).
 
 A run record is one JSON document describing one measured (or failed) configuration. This module is
 the contract between the harness that writes records and the calibration that reads them, so it imports
@@ -29,54 +30,23 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from harness.engines import ENGINES
-
-SCHEMA_VERSION = 1
-STATUSES = ("ok", "oom", "crash", "timeout", "interrupted")
-MODEL_SOURCES = ("catalogue", "path")
-PEAK_SOURCES = ("nvml_process", "nvml_device", "rss_tree")
-PROVENANCE_SOURCES = ("measured", "imported")
+from harness.record_schema import (  # noqa: F401  (the schema's names, re-exported for the record's readers)
+    CONFIG_DEFAULTS,
+    ENGINES,
+    MODEL_SOURCES,
+    PEAK_SOURCES,
+    PROVENANCE_SOURCES,
+    RECORD_KEYS,
+    SCHEMA_VERSION,
+    STATUSES,
+    RunRecord,
+    migrate,
+    validate_record,
+)
 
 # Keys of ``config`` that do not change what is measured; left out of the config hash.
 VOLATILE_CONFIG_KEYS = frozenset({"label", "notes", "sweep", "timeout_s", "runs_dir"})
 
-# Defaults applied by :func:`normalize_config`; every record's config carries all of these keys.
-CONFIG_DEFAULTS: dict[str, Any] = {
-    "model": None,
-    "model_source": "catalogue",
-    "weights": "synthetic",
-    "quant": None,
-    "engine": "llama.cpp",
-    "device": "cpu",
-    "device_count": 1,
-    "context": 2048,
-    "batch": 1,
-    "kv_dtype": "f16",
-    "prompt_tokens": [],
-    "gen_tokens": 32,
-    "reps": 5,
-    "warmup": 1,
-    "offload_fraction": 0.0,
-    "engine_options": {},
-}
-
-RECORD_KEYS = (
-    "schema_version",
-    "id",
-    "config_hash",
-    "status",
-    "reason",
-    "config",
-    "measurements",
-    "memory",
-    "prediction",
-    "planned",
-    "provenance",
-    "log_tail",
-)
-
-_ID_PATTERN = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{10}-[0-9a-f]{4}$")
-_HASH_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 _SAFE_COMPONENT = re.compile(r"[^A-Za-z0-9._+-]+")
 RUNS_ENV = "BENCHCAL_RUNS"
 
@@ -161,7 +131,7 @@ def new_record(
     log_tail: Iterable[str] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """Build a run record (a plain dict) with a fresh id and the config hash.
+    """Build a run record (the plain dict of a :class:`RunRecord`) with a fresh id and the config hash.
 
     ``provenance`` defaults to ``{"source": "measured"}``; ``prediction`` may be ``None`` (then say why in
     ``extra["prediction_reason"]`` or inside the prediction dict). Extra keyword arguments (for example
@@ -173,86 +143,13 @@ def new_record(
     digest = config_hash(normalized)
     prov = {"source": "measured"}
     prov.update(dict(provenance or {}))
-    record: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "id": new_record_id(digest),
-        "config_hash": digest,
-        "status": status,
-        "reason": reason,
-        "config": normalized,
-        "measurements": dict(measurements or {}),
-        "memory": dict(memory) if memory is not None else {},
-        "prediction": dict(prediction) if prediction is not None else None,
-        "planned": dict(planned) if planned is not None else None,
-        "provenance": prov,
-        "log_tail": list(log_tail or []),
-    }
-    record.update(extra)
-    return record
-
-
-# --------------------------------------------------------------------------------------------- validation
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
-def _validate_summary(summary: Any, where: str) -> None:
-    _require(isinstance(summary, dict), f"{where} must be a summary object")
-    for key in ("samples", "median", "mean", "stddev", "p10", "p90", "n"):
-        _require(key in summary, f"{where} lacks {key!r}")
-    _require(isinstance(summary["samples"], list), f"{where}.samples must be a list")
-    _require(isinstance(summary["n"], int), f"{where}.n must be an int")
-
-
-def validate_record(record: Any) -> None:
-    """Raise ValueError naming the first problem when ``record`` is not a well-formed run record."""
-    _require(isinstance(record, dict), "record must be a JSON object")
-    for key in RECORD_KEYS:
-        _require(key in record, f"record lacks {key!r}")
-    _require(record["schema_version"] == SCHEMA_VERSION, f"unsupported schema_version {record['schema_version']!r}")
-    _require(isinstance(record["id"], str) and bool(_ID_PATTERN.match(record["id"])), f"bad id {record['id']!r}")
-    _require(
-        isinstance(record["config_hash"], str) and bool(_HASH_PATTERN.match(record["config_hash"])),
-        "config_hash must be 64 hex digits",
-    )
-    _require(record["status"] in STATUSES, f"status must be one of {STATUSES}")
-    _require(record["reason"] is None or isinstance(record["reason"], str), "reason must be a string or null")
-    config = record["config"]
-    _require(isinstance(config, dict), "config must be an object")
-    for key in CONFIG_DEFAULTS:
-        _require(key in config, f"config lacks {key!r}")
-    _require(isinstance(config["model"], str) and bool(config["model"]), "config.model must be a string")
-    _require(config["engine"] in ENGINES, f"config.engine must be one of {ENGINES}")
-    _require(isinstance(config["prompt_tokens"], list), "config.prompt_tokens must be a list")
-    _require(isinstance(config["engine_options"], dict), "config.engine_options must be an object")
-    _validate_measurements(record["measurements"])
-    memory = record["memory"]
-    _require(isinstance(memory, dict), "memory must be an object")
-    if memory.get("peak_source") is not None:
-        _require(memory["peak_source"] in PEAK_SOURCES, f"memory.peak_source must be one of {PEAK_SOURCES}")
-    _require(record["prediction"] is None or isinstance(record["prediction"], dict), "prediction must be an object")
-    _require(record["planned"] is None or isinstance(record["planned"], dict), "planned must be an object or null")
-    provenance = record["provenance"]
-    _require(isinstance(provenance, dict), "provenance must be an object")
-    _require(provenance.get("source") in PROVENANCE_SOURCES, f"provenance.source must be one of {PROVENANCE_SOURCES}")
-    _require(isinstance(record["log_tail"], list), "log_tail must be a list of lines")
-
-
-def _validate_measurements(measurements: Any) -> None:
-    _require(isinstance(measurements, dict), "measurements must be an object")
-    for i, point in enumerate(measurements.get("prefill") or []):
-        _require(isinstance(point, dict) and "prompt_tokens" in point, f"measurements.prefill[{i}] lacks prompt_tokens")
-        for key in ("ttft_ms", "prefill_tok_s"):
-            if key in point:
-                _validate_summary(point[key], f"measurements.prefill[{i}].{key}")
-    decode = measurements.get("decode")
-    if decode:
-        _require(isinstance(decode, dict), "measurements.decode must be an object")
-        if "decode_tok_s" in decode:
-            _validate_summary(decode["decode_tok_s"], "measurements.decode.decode_tok_s")
+    return RunRecord(
+        id=new_record_id(digest), config_hash=digest, status=status, reason=reason, config=normalized,
+        measurements=dict(measurements or {}), memory=dict(memory) if memory is not None else {},
+        prediction=dict(prediction) if prediction is not None else None,
+        planned=dict(planned) if planned is not None else None, provenance=prov, log_tail=list(log_tail or []),
+        extra=dict(extra),
+    ).to_dict()
 
 
 # ------------------------------------------------------------------------------------------------- store
@@ -419,7 +316,7 @@ def iter_records(
             continue
         try:
             with path.open(encoding="utf-8") as handle:
-                record = json.load(handle)
+                record = migrate(json.load(handle))
             validate_record(record)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
             report(path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
