@@ -288,7 +288,7 @@ def load_observations(runs_dirs: str | os.PathLike[str] | Iterable[str | os.Path
                       *, require: bool = True) -> Observations:
     """Read every record under ``runs_dirs`` (one or several directories) into :class:`Observations`.
 
-    Only runs with status ``ok`` give observations; every run is in ``runs``. ``require``: raise
+    Only runs with status ``ok`` give observations; every run but the serving runs is in ``runs``. ``require``: raise
     BenchcalError when a directory does not exist.
     """
     runs, decode, prefill, memory = [], [], [], []
@@ -296,6 +296,8 @@ def load_observations(runs_dirs: str | os.PathLike[str] | Iterable[str | os.Path
         if require and not root.is_dir():
             raise BenchcalError(f"runs directory not found: {root}")
         for stored in records.iter_records(root):
+            if (stored.record.get("config") or {}).get("serve"):
+                continue  # a serving run (harness.serving): measured under load, not a batch-1 observation
             base = run_row(stored.path, stored.record)
             runs.append(base)
             if stored.record.get("status") != "ok":

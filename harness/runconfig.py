@@ -22,6 +22,14 @@ def prepare_config(config: Mapping[str, Any]) -> dict[str, Any]:
         raise BenchcalError("a run needs a model")
     if cfg["engine"] not in records.ENGINES:
         raise BenchcalError(f"unknown engine {cfg['engine']!r} (choose from: {', '.join(records.ENGINES)})")
+    if cfg.get("serve") is not None:  # a serving run: the server holds up to max_num_seqs sequences at once
+        from harness.serving.config import normalize_serve
+
+        cfg["serve"] = normalize_serve(cfg["serve"])
+        cfg["batch"] = cfg["serve"]["max_num_seqs"]
+        engine_setup(cfg["engine"]).server()  # refuses an engine without a server before anything runs
+        if int(cfg["gen_tokens"]) < 1:
+            raise BenchcalError("a serving run generates at least one token per request (gen_tokens >= 1)")
     for key in ("context", "reps", "batch", "device_count"):
         if int(cfg[key]) <= 0:
             raise BenchcalError(f"{key} must be positive, got {cfg[key]!r}")

@@ -16,14 +16,6 @@ TINY = {"num_layers": 4, "vocab_size": 4096}
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    path = tmp_path_factory.getbasetemp() / "benchcal-cache"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("BENCHCAL_CACHE", str(path))
-        yield path
-
-
-@pytest.fixture(scope="module")
 def full_run(cache, tmp_path_factory):
     """The whole SmolLM2-135M architecture in Q8_0 (about 140 MB of weights), measured once."""
     runs = tmp_path_factory.mktemp("runs")

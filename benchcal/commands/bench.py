@@ -6,10 +6,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from benchcal.argtypes import non_negative_int, positive_float, positive_int
-from benchcal.commands.comparison import NullFile, fmt, render_comparison
+from benchcal.commands.comparison import NullFile, fmt, render_comparison, render_serving
 from harness import record_tables, records
 from harness.engines import ENGINES, engine_setup
 from predictor.errors import BenchcalError, positive
@@ -74,6 +75,13 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--override", action="append", default=[], metavar="KEY=N",
                        help="shrink a synthetic model, e.g. --override num_layers=4 --override vocab_size=4096 "
                        "(recorded in the config)")
+    bench.add_argument("--serve", action="store_true", help="measure the engine's OpenAI-compatible server under "
+                       "load instead (one prompt length: the first of --prompt; --gen tokens per request)")
+    bench.add_argument("--concurrency", default=None, help="with --serve: requests in flight, comma-separated "
+                       "levels (default 1 when no --request-rate)")
+    bench.add_argument("--request-rate", default=None, help="with --serve: Poisson arrivals, requests per second, "
+                       "comma-separated levels")
+    bench.add_argument("--requests", type=positive_int, default=16, help="with --serve: requests per level (default 16)")
     bench.add_argument("--sweep", default=None, help="a sweep TOML file, or the name of a shipped sweep")
     bench.add_argument("--no-resume", action="store_true", help="with --sweep: re-measure configs already stored")
     bench.add_argument("--timeout", type=positive_float, default=None, help="seconds per run before it is killed (default 900)")
@@ -169,7 +177,23 @@ def config_from_args(args: argparse.Namespace, device: str) -> dict[str, Any]:
     }
     if overrides:
         config["arch_overrides"] = overrides
+    if args.serve:
+        config["serve"] = {"concurrency": _levels(args.concurrency, "--concurrency", int),
+                           "request_rate": _levels(args.request_rate, "--request-rate", float),
+                           "requests": args.requests}
+    elif args.concurrency or args.request_rate:
+        raise BenchcalError("--concurrency and --request-rate describe a load: add --serve")
     return config
+
+
+def _levels(text: str | None, flag: str, kind: type) -> list:
+    """Comma-separated load levels (checked again with the rest of the serve table)."""
+    if not text:
+        return []
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise BenchcalError(f"{flag} takes comma-separated numbers, got {text!r}") from None
 
 
 def _overrides(items: list[str]) -> dict[str, int]:
@@ -238,8 +262,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         todo, timeout = [config_from_args(args, device)], args.timeout
     outcomes = _measure(todo, root, timeout)
-    if outcomes:
-        print(render_comparison([o.record for o in outcomes], [str(o.path) for o in outcomes]))
+    batch = [o for o in outcomes if not o.record["config"].get("serve")]
+    serving = [o for o in outcomes if o.record["config"].get("serve")]
+    if batch:
+        print(render_comparison([o.record for o in batch], [str(o.path) for o in batch]))
+    if serving:
+        print(render_serving([o.record for o in serving]))
     return 0 if all(o.record["status"] == "ok" for o in outcomes) else 1
 
 
@@ -252,14 +280,20 @@ def _host_id() -> str:
 def _measure(configs: list[dict[str, Any]], root: Path, timeout: float | None) -> list[Any]:
     """Run each config through the harness with a progress bar; the stored outcomes."""
     from harness.protocol import Interrupted, prepare_config, run_config
+    from harness.serving.run import run_serving
 
     outcomes = []
     with _Progress() as progress:
         for config in configs:
             progress.start(prepare_config(config))
             try:
-                outcomes.append(run_config(config, root, timeout_s=timeout, on_event=progress.on_event,
-                                           say=progress.say))
+                if config.get("serve"):
+                    record, path = run_serving(config if timeout is None else {**config, "timeout_s": timeout}, root,
+                                               say=progress.say)
+                    outcomes.append(SimpleNamespace(record=record, path=path))
+                else:
+                    outcomes.append(run_config(config, root, timeout_s=timeout, on_event=progress.on_event,
+                                               say=progress.say))
             except Interrupted as stop:
                 progress.say(f"interrupted; record written to {stop.path}")
                 raise

@@ -46,6 +46,35 @@ def render_comparison(stored: list[dict[str, Any]], paths: list[str]) -> str:
     return console.export_text()
 
 
+def render_serving(stored: list[dict[str, Any]]) -> str:
+    """Serving runs, one row per load level: throughput and latency percentiles as measured."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="serving under load (measured)", show_lines=False)
+    for title in ("model", "engine", "load", "done", "req/s", "out tok/s", "TTFT p50 / p99 ms", "TPOT p50 ms",
+                  "ITL p99 ms", "errors"):
+        table.add_column(title, justify="left" if title in ("model", "engine", "load") else "right")
+    for record in stored:
+        config = record["config"]
+        levels = (record.get("measurements") or {}).get("serving", {}).get("levels") or []
+        if not levels:
+            table.add_row(str(config["model"]), str(config["engine"]), "-", "-", "-", "-", "-", "-", "-",
+                          f"{record['status']}: {(record.get('reason') or '')[:60]}")
+        for level in levels:
+            load = (f"concurrency {level['concurrency']}" if level.get("concurrency") is not None
+                    else f"{level['request_rate']:g} req/s")
+            table.add_row(
+                str(config["model"]), str(config["engine"]), load, f"{level['completed']}/{level['requests']}",
+                fmt(level["request_throughput"], 2), fmt(level["output_tok_s"]),
+                f"{fmt(level['ttft_ms']['p50'], 0)} / {fmt(level['ttft_ms']['p99'], 0)}",
+                fmt(level["tpot_ms"]["p50"]), fmt(level["itl_ms"]["p99"]),
+                str(level["errors"] + level["timeouts"]))
+    console = Console(record=True, width=140, file=NullFile())
+    console.print(table)
+    return console.export_text()
+
+
 class NullFile:
     """A file that discards what is written (rich renders into its record instead)."""
 

@@ -37,6 +37,36 @@ class EngineSetup:
         """Download ``repo`` with ``huggingface_hub`` (``hub``); the path of what the engine loads."""
         return hub.snapshot_download(repo)
 
+    def server(self) -> ServerSetup:
+        """How to serve the engine over HTTP (``benchcal bench --serve``); BenchcalError when it has no server."""
+        from predictor.errors import BenchcalError
+
+        raise BenchcalError(f"the {self.name} engine has no server to measure under load")
+
+
+class ServerSetup:
+    """An engine's OpenAI-compatible server, as the serving harness (:mod:`harness.serving`) drives it."""
+
+    ready_path = "/v1/models"  # answers 200 once the model is loaded
+    metrics_path: str | None = None  # Prometheus metrics, where the server has them
+
+    def command(self, cfg: Mapping[str, Any], weights_path: str | None, port: int) -> list[str]:
+        """The command line that serves ``cfg`` on 127.0.0.1:``port``."""
+        raise NotImplementedError
+
+    def environment(self, cfg: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:
+        """The server's environment (``base`` plus what the engine reads)."""
+        return dict(base)
+
+    def prompts(self, cfg: Mapping[str, Any], weights_path: str | None, base_url: str, n_tokens: int, count: int,
+                seed: int) -> list[Any]:
+        """``count`` distinct prompts of exactly ``n_tokens`` tokens as the running server counts them."""
+        raise NotImplementedError
+
+    def payload(self, prompt: Any, output_tokens: int) -> dict[str, Any]:
+        """A streaming ``/v1/completions`` request that generates exactly ``output_tokens`` tokens."""
+        raise NotImplementedError
+
 
 def gguf_path(cfg: Mapping[str, Any]) -> Path | None:
     """The GGUF file ``cfg`` names as its weights, else None."""

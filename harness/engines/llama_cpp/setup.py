@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from harness.engines.setup import EngineSetup, catalogue_arch, default_threads, gguf_path
+from harness.engines.setup import EngineSetup, ServerSetup, catalogue_arch, default_threads, gguf_path
 from predictor.errors import BenchcalError
 
 
@@ -74,6 +74,12 @@ class LlamaCppSetup(EngineSetup):
             raise BenchcalError("--weights hub with llama.cpp needs engine option hub_repo and hub_file "
                                 "(a GGUF repository and file name)")
         return hub.hf_hub_download(repo, filename)
+
+    def server(self) -> ServerSetup:
+        """Its OpenAI-compatible server (:mod:`harness.engines.llama_cpp.server`)."""
+        from harness.engines.llama_cpp.server import SERVER
+
+        return SERVER
 
 
 SETUP = LlamaCppSetup()

@@ -46,6 +46,7 @@ from harness.engines.vllm.options import (
     pinned_kv_cache_bytes,
     round_up_tokens,
     special_token_ids,
+    vllm_environment,
 )
 from predictor.errors import BenchcalError
 
@@ -84,19 +85,10 @@ def module_inventory(model: Any) -> dict[str, int]:
 
 
 def _set_environment(options: Mapping[str, Any], on_cpu: bool) -> None:
-    """Environment vLLM reads at import: logging level, no telemetry, offline hub, CPU thread binding."""
-    os.environ["VLLM_LOGGING_LEVEL"] = str(options.get("log_level", "INFO")).upper()
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # apply_model sends module_inventory to the worker by pickle (a reference to this module).
-    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    if options.get("threads"):
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{int(options['threads']) - 1}")
-    if options.get("gpu_index") is not None and not on_cpu:
-        os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(options["gpu_index"]))
+    """Environment vLLM reads at import (:func:`harness.engines.vllm.options.vllm_environment`); the offline
+    engine's module inventory goes to the worker by pickle (a reference to this module), which vLLM allows only
+    with ``VLLM_ALLOW_INSECURE_SERIALIZATION``."""
+    os.environ.update(vllm_environment(options, on_cpu, os.environ, pickled_rpc=True))
 
 
 def _synthetic_overrides(config: Mapping[str, Any]) -> dict[str, int] | None:

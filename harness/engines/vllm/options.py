@@ -89,3 +89,24 @@ def special_token_ids(hf_config: Mapping[str, Any]) -> set[int]:
     return ids
 
 
+
+
+def vllm_environment(options: Mapping[str, Any], on_cpu: bool, base: Mapping[str, str],
+                     pickled_rpc: bool = False) -> dict[str, str]:
+    """``base`` with what vLLM reads at import: the logging level, no telemetry, the hub offline, the CPU threads it
+    binds, the GPU it sees (values already in ``base`` win, but for the logging level). ``pickled_rpc``: the
+    offline engine sends a function to its worker by pickle, which vLLM refuses unless
+    ``VLLM_ALLOW_INSECURE_SERIALIZATION`` is set; a server never needs it."""
+    env = dict(base)
+    env["VLLM_LOGGING_LEVEL"] = str(options.get("log_level", "INFO")).upper()
+    defaults = {"VLLM_CONFIGURE_LOGGING": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if options.get("threads"):
+        defaults["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{int(options['threads']) - 1}"
+    if options.get("gpu_index") is not None and not on_cpu:
+        defaults["CUDA_VISIBLE_DEVICES"] = str(options["gpu_index"])
+    for key, value in defaults.items():
+        env.setdefault(key, value)
+    if pickled_rpc:
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    return env

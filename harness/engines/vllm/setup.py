@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.engines.setup import EngineSetup
+from harness.engines.setup import EngineSetup, ServerSetup
 from harness.engines.vllm.options import QUANT_SETTINGS, default_engine_options, kv_cache_dtype
 from predictor.errors import BenchcalError
 
@@ -45,6 +45,12 @@ class VllmSetup(EngineSetup):
         hf_config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         return str(folder), {"weights_kind": "synthetic", "weights_file": str(folder), "weights_load_format": "dummy",
                              "synthetic_layout": (hf_config.get("architectures") or [None])[0]}
+
+    def server(self) -> ServerSetup:
+        """Its OpenAI-compatible server (:mod:`harness.engines.vllm.server`)."""
+        from harness.engines.vllm.server import SERVER
+
+        return SERVER
 
 
 def model_dtype(cfg: Mapping[str, Any]) -> str | None:

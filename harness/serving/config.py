@@ -1,0 +1,72 @@
+"""A run's ``serve`` table: the load levels and their bounds, checked and with defaults filled in.
+
+    serve = {concurrency = [1, 2, 4], request_rate = [], requests = 16, warmup = 2, duration_s = 300,
+             request_timeout_s = 300, max_num_seqs = 4}
+
+``concurrency``: levels of that many requests in flight; ``request_rate``: levels of Poisson arrivals at that many
+requests per second; ``requests``: the requests of each level; ``warmup``: requests sent one at a time before the
+first level, not recorded; ``duration_s``: no request of a level starts after this many seconds; ``max_num_seqs``:
+the most sequences the server holds at once (default: the highest concurrency, 16 with request rates only), which
+is the run's ``batch``. A serving run measures ``prompt_tokens[0]``-token prompts generating ``gen_tokens``
+tokens each.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from predictor.errors import BenchcalError
+
+SERVE_KEYS = ("concurrency", "request_rate", "requests", "warmup", "duration_s", "request_timeout_s", "max_num_seqs")
+DEFAULT_RATE_ONLY_SEQS = 16
+
+
+def _numbers(value: Any, name: str, kind: type) -> list:
+    values = value if isinstance(value, (list, tuple)) else ([] if value is None else [value])
+    out = []
+    for item in values:
+        try:
+            number = kind(item)
+        except (TypeError, ValueError):
+            raise BenchcalError(f"serve.{name} must hold numbers, got {item!r}") from None
+        if isinstance(item, bool) or not math.isfinite(number) or number <= 0 or (kind is int and number != float(item)):
+            raise BenchcalError(f"serve.{name} must hold positive {'integers' if kind is int else 'numbers'}, got {item!r}")
+        out.append(number)
+    return out
+
+
+def _positive(serve: Mapping[str, Any], name: str, default: float, kind: type = float, zero: bool = False) -> Any:
+    value = serve.get(name, default)
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise BenchcalError(f"serve.{name} must be a number, got {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(number) or number < 0 or (number == 0 and not zero):
+        raise BenchcalError(f"serve.{name} must be {'zero or ' if zero else ''}positive, got {value!r}")
+    return number
+
+
+def normalize_serve(serve: Any) -> dict[str, Any]:
+    """The ``serve`` table with defaults; BenchcalError naming the first problem."""
+    if not isinstance(serve, Mapping):
+        raise BenchcalError(f"serve must be a table of options, got {serve!r}")
+    unknown = sorted(set(serve) - set(SERVE_KEYS))
+    if unknown:
+        raise BenchcalError(f"serve has no option {unknown[0]!r} (options: {', '.join(SERVE_KEYS)})")
+    concurrency = sorted(set(_numbers(serve.get("concurrency"), "concurrency", int)))
+    rates = sorted(set(_numbers(serve.get("request_rate"), "request_rate", float)))
+    if not concurrency and not rates:
+        concurrency = [1]
+    seqs = serve.get("max_num_seqs")
+    return {
+        "concurrency": concurrency,
+        "request_rate": rates,
+        "requests": _positive(serve, "requests", 16, int),
+        "warmup": _positive(serve, "warmup", 2, int, zero=True),
+        "duration_s": _positive(serve, "duration_s", 300.0),
+        "request_timeout_s": _positive(serve, "request_timeout_s", 300.0),
+        "max_num_seqs": _positive(serve, "max_num_seqs", 0, int) if seqs is not None
+        else (max(concurrency) if concurrency else DEFAULT_RATE_ONLY_SEQS),
+    }

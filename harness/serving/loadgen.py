@@ -1,0 +1,224 @@
+"""An asynchronous load generator for OpenAI-compatible completion servers, engine-free.
+
+One *level* is a bounded batch of streaming ``/v1/completions`` requests sent either by ``concurrency`` workers
+(each sends its next request when its last one ends) or as Poisson arrivals at ``request_rate`` requests per
+second. Every streamed event is timestamped with ``time.perf_counter()`` as it arrives. Per request: TTFT (send to
+first token), the inter-token latencies (ITL), TPOT ((last token - first token) / (tokens - 1)) and the end-to-end
+latency (E2EL, send to the end of the stream); per level: request throughput, output and total tokens/s over the
+level's wall time (first send to last end), and every figure's mean / p50 / p90 / p99 with its samples.
+
+What goes into a request (token ids or a text sized to a token count, the engine's options that make it generate
+exactly the tokens asked for) is the caller's: ``payload(i)`` builds request ``i``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.records import summarize
+
+
+@dataclass
+class RequestResult:
+    """What one request did. Times are ``perf_counter`` seconds; ``token_times_s`` one per generated token."""
+
+    started_s: float
+    ended_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    error: str | None = None
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.timed_out and bool(self.token_times_s)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.token_times_s[0] - self.started_s if self.token_times_s else None
+
+    @property
+    def itl_s(self) -> list[float]:
+        times = self.token_times_s
+        return [b - a for a, b in zip(times, times[1:])]
+
+    @property
+    def tpot_s(self) -> float | None:
+        times = self.token_times_s
+        return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+
+    @property
+    def e2el_s(self) -> float | None:
+        return self.ended_s - self.started_s if self.ended_s is not None else None
+
+
+def _token_times(events: list[tuple[float, dict[str, Any]]], usage: Mapping[str, Any] | None) -> list[float]:
+    """Arrival times of the generated tokens among a stream's choice events.
+
+    Servers send one event per token. vLLM sends the last token with its ``finish_reason`` (and a usage event
+    after it); llama-cpp-python's server sends an empty event carrying only the ``finish_reason`` after the last
+    token. With a usage count the first ``completion_tokens`` events are the tokens; without one, a trailing
+    event with a finish reason and no text is not a token.
+    """
+    times = [t for t, _ in events]
+    count = (usage or {}).get("completion_tokens")
+    if isinstance(count, int) and 0 <= count <= len(times):
+        return times[:count]
+    if events:
+        last = (events[-1][1].get("choices") or [{}])[0]
+        if last.get("finish_reason") is not None and not last.get("text") and not last.get("token_ids"):
+            return times[:-1]
+    return times
+
+
+async def stream_request(session: Any, url: str, payload: Mapping[str, Any], timeout_s: float) -> RequestResult:
+    """POST one streaming completion and timestamp its events (never raises for the server's failures)."""
+    import aiohttp
+
+    result = RequestResult(started_s=time.perf_counter())
+    events: list[tuple[float, dict[str, Any]]] = []
+    usage: dict[str, Any] | None = None
+    async def consume() -> None:
+        nonlocal usage
+        async with session.post(url, json=dict(payload)) as response:
+            if response.status != 200:
+                body = (await response.text())[:200].replace("\n", " ")
+                result.error = f"HTTP {response.status}: {body}"
+                return
+            async for raw in response.content:
+                now = time.perf_counter()
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                event = json.loads(data)
+                if event.get("usage"):
+                    usage = event["usage"]
+                if event.get("choices"):
+                    events.append((now, event))
+
+    try:
+        await asyncio.wait_for(consume(), timeout_s)
+    except asyncio.TimeoutError:
+        result.timed_out = True
+    except (aiohttp.ClientError, json.JSONDecodeError, ConnectionError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"[:200]
+    result.ended_s = time.perf_counter()
+    result.token_times_s = _token_times(events, usage)
+    result.output_tokens = len(result.token_times_s)
+    if usage and isinstance(usage.get("prompt_tokens"), int):
+        result.prompt_tokens = usage["prompt_tokens"]
+    return result
+
+
+def poisson_arrivals(rate: float, n: int, rng: random.Random) -> list[float]:
+    """Send offsets (seconds from the level's start) of ``n`` Poisson arrivals at ``rate`` requests per second."""
+    offsets, t = [], 0.0
+    for _ in range(n):
+        offsets.append(t)
+        t += rng.expovariate(rate)
+    return offsets
+
+
+async def run_level(
+    url: str,
+    payload: Callable[[int], Mapping[str, Any]],
+    *,
+    requests: int,
+    concurrency: int | None = None,
+    request_rate: float | None = None,
+    duration_s: float = 600.0,
+    timeout_s: float = 300.0,
+    seed: int = 0,
+) -> tuple[list[RequestResult], float]:
+    """Send ``requests`` requests at a fixed ``concurrency`` or Poisson ``request_rate`` (exactly one of the two);
+    no request starts after ``duration_s``. Returns every request's result and the level's wall time."""
+    import aiohttp
+
+    if (concurrency is None) == (request_rate is None):
+        raise ValueError("a level has either a concurrency or a request rate")
+    results: list[RequestResult] = []
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        start = time.perf_counter()
+        stop_at = start + duration_s
+        if concurrency is not None:
+            counter = iter(range(requests))
+
+            async def worker() -> None:
+                for i in counter:
+                    if time.perf_counter() > stop_at:
+                        return
+                    results.append(await stream_request(session, url, payload(i), timeout_s))
+
+            await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, requests)))))
+        else:
+            async def send_at(offset: float, i: int) -> None:
+                delay = start + offset - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if time.perf_counter() <= stop_at:
+                    results.append(await stream_request(session, url, payload(i), timeout_s))
+
+            offsets = poisson_arrivals(float(request_rate), requests, random.Random(seed))
+            await asyncio.gather(*(send_at(offset, i) for i, offset in enumerate(offsets)))
+    if not results:
+        return results, 0.0
+    first = min(r.started_s for r in results)
+    last = max(r.ended_s or r.started_s for r in results)
+    return results, last - first
+
+
+def distribution(samples_s: list[float]) -> dict[str, Any]:
+    """Summary of latencies given in seconds, in milliseconds: every sample, median, mean, stddev, p10, p50, p90,
+    p99, n (:func:`harness.records.summarize` plus p50 and p99)."""
+    values = sorted(1000.0 * s for s in samples_s if s is not None and math.isfinite(s))
+    out = summarize(values)
+    out["p50"] = out["median"]
+    out["p99"] = _percentile(values, 99.0)
+    return out
+
+
+def _percentile(ordered: list[float], q: float) -> float | None:
+    if not ordered:
+        return None
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def level_summary(results: list[RequestResult], wall_s: float, prompt_tokens: int) -> dict[str, Any]:
+    """The figures of one level (see the module docstring); latencies in ms, throughputs per second of wall time."""
+    done = [r for r in results if r.ok]
+    output = sum(r.output_tokens or 0 for r in done)
+    prompts = sum(r.prompt_tokens if r.prompt_tokens is not None else prompt_tokens for r in done)
+    per_s = (lambda x: x / wall_s) if wall_s > 0 else (lambda x: None)
+    errors = [r.error for r in results if r.error]
+    return {
+        "requests": len(results),
+        "completed": len(done),
+        "errors": len(errors),
+        "timeouts": sum(r.timed_out for r in results),
+        "error_messages": sorted(set(errors))[:5],
+        "duration_s": wall_s,
+        "request_throughput": per_s(len(done)),
+        "output_tok_s": per_s(output),
+        "total_tok_s": per_s(output + prompts),
+        "output_tokens": output,
+        "prompt_tokens": prompts,
+        "ttft_ms": distribution([r.ttft_s for r in done]),
+        "tpot_ms": distribution([r.tpot_s for r in done if r.tpot_s is not None]),
+        "itl_ms": distribution([gap for r in done for gap in r.itl_s]),
+        "e2el_ms": distribution([r.e2el_s for r in done]),
+    }

@@ -1,0 +1,191 @@
+"""One serving run: start the engine's server, warm it up, drive each load level, stop it, store the record.
+
+The record is an ordinary run record (:mod:`harness.record_schema`) whose ``config.serve`` holds the levels and
+whose ``measurements.serving`` holds, per level, what :func:`harness.serving.loadgen.level_summary` gives plus the
+server's own metrics over the level (vLLM's ``/metrics``: the most requests running and waiting, the fullest the KV
+cache was, preemptions) and the peak memory so far. A server that fails to start, or whose every request fails, is
+a failed record with the server's log tail; Ctrl-C stops the server and writes an ``interrupted`` record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from harness import records
+from harness.engines import engine_setup
+from harness.engines.base import classify_failure, engine_class
+from harness.runconfig import log_path_for, prepare_config, prepare_weights
+from harness.serving.loadgen import level_summary, run_level
+from harness.serving.server import ServerFailed, ServerProcess, free_port, read_metrics
+from predictor.errors import BenchcalError
+
+METRICS_INTERVAL_S = 0.5
+
+
+class _MetricsWatch:
+    """Reads the server's metrics every half second during a level: maxima of the gauges, deltas of the counters."""
+
+    def __init__(self, base_url: str, path: str | None) -> None:
+        self.base_url, self.path = base_url, path
+        self.samples: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> _MetricsWatch:
+        if self.path:
+            self._read()
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def _read(self) -> None:
+        found = read_metrics(self.base_url, self.path or "/metrics")
+        if found:
+            self.samples.append(found)
+
+    def _run(self) -> None:
+        while not self._stop.wait(METRICS_INTERVAL_S):
+            self._read()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._read()
+
+    def summary(self) -> dict[str, Any] | None:
+        if not self.samples:
+            return None
+        def peak(name: str) -> float | None:
+            values = [s[name] for s in self.samples if name in s]
+            return max(values) if values else None
+
+        def delta(name: str) -> float | None:
+            values = [s[name] for s in self.samples if name in s]
+            return values[-1] - values[0] if values else None
+
+        usage = peak("vllm:kv_cache_usage_perc")
+        return {"max_running": peak("vllm:num_requests_running"), "max_waiting": peak("vllm:num_requests_waiting"),
+                "max_kv_cache_usage": usage if usage is not None else peak("vllm:gpu_cache_usage_perc"),
+                "preemptions": delta("vllm:num_preemptions_total"),
+                "prompt_tokens": delta("vllm:prompt_tokens_total"),
+                "generation_tokens": delta("vllm:generation_tokens_total"), "samples": len(self.samples)}
+
+
+def _levels(serve: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return ([{"concurrency": c, "request_rate": None} for c in serve["concurrency"]]
+            + [{"concurrency": None, "request_rate": r} for r in serve["request_rate"]])
+
+
+def run_serving(
+    config: Mapping[str, Any],
+    runs_dir: Any = None,
+    *,
+    say: Callable[[str], None] | None = None,
+    host: Mapping[str, Any] | None = None,
+    seed: int | None = None,
+) -> tuple[dict[str, Any], Any]:
+    """Measure one serving configuration (``config["serve"]`` set) and store its record; (record, path).
+
+    Raises :class:`harness.protocol.Interrupted` after writing the record when the user interrupts."""
+    from harness.hostbench import host_profile
+    from harness.protocol import Interrupted, gpu_index
+    from harness.provenance import base_provenance
+    from harness.samplers import gpu_snapshot
+
+    cfg = prepare_config(config)
+    if not cfg.get("serve"):
+        raise BenchcalError("a serving run needs a serve table")
+    tell = say or print
+    serve = cfg["serve"]
+    root = records.runs_dir(runs_dir)
+    host = dict(host or host_profile())
+    index = gpu_index(cfg)
+    provenance = base_provenance(cfg, host, gpu_snapshot(index) if index is not None else None)
+    weights_path, weights_info = prepare_weights(cfg)
+    provenance.update(weights_info)
+    setup = engine_setup(cfg["engine"])
+    server = setup.server()
+    cls = engine_class(cfg["engine"])
+    port = free_port()
+    log_path = log_path_for(cfg)
+    prompt_tokens = int(min(cfg["prompt_tokens"] or [128]))
+    output_tokens = int(cfg["gen_tokens"])
+    levels = _levels(serve)
+    status, reason, interrupted = "ok", None, False
+    measured: list[dict[str, Any]] = []
+    memory: dict[str, Any] = {}
+    startup_s = None
+    rng_seed = seed if seed is not None else time.time_ns() % 2**32
+    started = time.perf_counter()
+    process = ServerProcess(server.command(cfg, weights_path, port), log_path, port=port,
+                            ready_path=server.ready_path, env=server.environment(cfg, os.environ),
+                            startup_timeout_s=float(cfg.get("timeout_s") or 900.0), device_index=index)
+    try:
+        with process:
+            startup_s = process.startup_s
+            total = serve["warmup"] + serve["requests"] * len(levels)
+            prompts = server.prompts(cfg, weights_path, process.base_url, prompt_tokens, total, rng_seed)
+            url = process.base_url + "/v1/completions"
+            payloads = [server.payload(p, output_tokens) for p in prompts]
+            if serve["warmup"]:
+                tell(f"serving {cfg['model']} with {cfg['engine']}: {serve['warmup']} warm-up request(s)")
+                asyncio.run(run_level(url, lambda i: payloads[i], requests=serve["warmup"], concurrency=1,
+                                      timeout_s=serve["request_timeout_s"]))
+            offset = serve["warmup"]
+            for level in levels:
+                label = (f"concurrency {level['concurrency']}" if level["concurrency"] is not None
+                         else f"{level['request_rate']:g} requests/s")
+                tell(f"serving {cfg['model']} with {cfg['engine']}: {label}, {serve['requests']} requests")
+                base = offset
+                with _MetricsWatch(process.base_url, server.metrics_path) as watch:
+                    results, wall = asyncio.run(run_level(
+                        url, lambda i, base=base: payloads[base + i], requests=serve["requests"],
+                        concurrency=level["concurrency"], request_rate=level["request_rate"],
+                        duration_s=serve["duration_s"], timeout_s=serve["request_timeout_s"], seed=rng_seed + offset))
+                offset += serve["requests"]
+                summary = level_summary(results, wall, prompt_tokens)
+                measured.append({**level, **summary, "server_metrics": watch.summary(),
+                                 "peak_bytes_so_far": process.memory().get("peak_bytes")})
+            memory = process.memory()
+    except ServerFailed as exc:
+        log_text, _ = process.log_tail()
+        returncode = process.proc.returncode if process.proc is not None else None
+        status, reason = classify_failure(returncode if returncode is not None else 1, log_text, cls.oom_patterns,
+                                          child_error=str(exc))
+        memory = process.memory()
+    except KeyboardInterrupt:
+        status, reason, interrupted = "interrupted", "interrupted by the user (SIGINT/SIGTERM)", True
+        memory = process.memory()
+    if status == "ok" and measured and not any(level["completed"] for level in measured):
+        messages = [m for level in measured for m in level["error_messages"]]
+        status, reason = "crash", f"no request completed: {messages[0] if messages else 'every request timed out'}"
+    _text, tail = process.log_tail()
+    version = _version(cls)
+    provenance.update({k: version.get(k) for k in ("engine_version", "engine_commit", "engine_build")})
+    provenance.update({"finished_at": records.utc_now(), "log_file": str(log_path),
+                       "wall_s": time.perf_counter() - started})
+    record = records.new_record(
+        cfg, status=status, reason=reason, memory=memory, provenance=provenance, log_tail=tail,
+        measurements={"serving": {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+                                  "startup_s": startup_s, "port": port, "seed": rng_seed, "levels": measured}},
+        prediction=None, prediction_reason="the predictor has no serving model yet",
+    )
+    path = records.write_record(records.sanitize_record(record), root)
+    if interrupted:
+        raise Interrupted(path)
+    return record, path
+
+
+def _version(cls: Any) -> dict[str, Any]:
+    """The engine's version, build and commit as the parent can read them (never raises)."""
+    try:
+        version = cls.version()
+    except Exception:  # the record must not depend on the version probe
+        return {}
+    return version if isinstance(version, dict) else {}

@@ -1,0 +1,76 @@
+"""Real servers under load on the CPU: llama-cpp-python's server and vLLM's, with small synthetic models (every
+figure here comes from a real server; nothing is made up)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from harness import records
+from harness.serving.run import run_serving
+
+pytestmark = pytest.mark.engine
+
+LLAMA = {"model": "smollm2-135m", "engine": "llama.cpp", "device": "cpu", "quant": "Q8_0", "context": 512,
+         "prompt_tokens": [32], "gen_tokens": 8, "arch_overrides": {"num_layers": 4, "vocab_size": 4096},
+         "engine_options": {"threads": 1}}
+
+
+def _closed(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.fixture(scope="module")
+def llama_run(cache, tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    return run_serving({**LLAMA, "serve": {"concurrency": [1, 2], "requests": 4, "warmup": 1}}, runs, say=lambda m: None)
+
+
+def test_llama_cpp_server_is_measured_at_each_concurrency_and_stopped(llama_run):
+    record, path = llama_run
+    stored = json.loads(Path(path).read_text())
+    records.validate_record(stored)
+    assert stored["status"] == "ok" and stored["config"]["serve"]["concurrency"] == [1, 2]
+    serving = stored["measurements"]["serving"]
+    assert serving["prompt_tokens"] == 32 and serving["output_tokens"] == 8 and serving["startup_s"] > 0
+    one, two = serving["levels"]
+    for level in (one, two):
+        assert level["completed"] == 4 and level["errors"] == level["timeouts"] == 0
+        assert level["output_tokens"] == 4 * 8 and level["output_tok_s"] > 0
+        assert len(level["ttft_ms"]["samples"]) == 4 and len(level["itl_ms"]["samples"]) == 4 * 7
+        assert level["server_metrics"] is None  # llama_cpp.server has no /metrics
+    # one Llama serves requests in turn: at concurrency 2 a request waits for the one before it
+    assert two["ttft_ms"]["mean"] > one["ttft_ms"]["mean"]
+    assert stored["memory"]["peak_bytes"] > 0 and stored["memory"]["peak_source"] == "rss_tree"
+    assert stored["provenance"]["engine_version"].startswith("llama-cpp-python")
+    assert _closed(serving["port"])
+
+
+def test_a_server_that_cannot_start_is_a_failed_record_with_its_log(cache, tmp_path):
+    # llama.cpp refuses a quantized V cache without flash attention: its server exits while loading
+    record, path = run_serving({**LLAMA, "kv_dtype": "q4_0", "serve": {"requests": 1}}, tmp_path / "runs",
+                               say=lambda m: None)
+    assert record["status"] == "crash" and "before it answered" in record["reason"]
+    assert record["log_tail"] and Path(path).is_file()
+    assert _closed(record["measurements"]["serving"]["port"])
+
+
+@pytest.mark.vllm
+def test_vllm_server_batches_concurrent_requests(cache, tmp_path):
+    pytest.importorskip("vllm")
+    cfg = {"model": "qwen2.5-0.5b", "engine": "vllm", "device": "cpu", "context": 512, "prompt_tokens": [32],
+           "gen_tokens": 8, "arch_overrides": {"num_layers": 2, "vocab_size": 4096}, "engine_options": {"threads": 2},
+           "serve": {"concurrency": [1, 4], "requests": 4, "warmup": 1}}
+    record, path = run_serving(cfg, tmp_path / "runs", say=lambda m: None)
+    assert record["status"] == "ok", record["reason"]
+    one, four = record["measurements"]["serving"]["levels"]
+    for level in (one, four):
+        assert level["completed"] == 4 and level["output_tokens"] == 32 and level["prompt_tokens"] == 4 * 32
+        # vLLM's own counters agree with what the client received
+        assert level["server_metrics"]["generation_tokens"] == 32 and level["server_metrics"]["prompt_tokens"] == 128
+    assert record["config"]["batch"] == 4  # max_num_seqs: the most sequences in flight
+    assert _closed(record["measurements"]["serving"]["port"])
