@@ -200,13 +200,19 @@ class Coefficients:
         figures = entry.get("host_figures")
         return dict(figures) if isinstance(figures, dict) and figures.get("bandwidth_gbs") else None
 
+    def serving_fit(self, engine: str, device_id: str) -> dict[str, Any] | None:
+        """The serving model's fitted server terms for ``engine`` on ``device_id`` (``serving`` section, written by
+        :mod:`calibration.serving`), or None when no serving run of it was fitted."""
+        entry = ((self.table.get("serving") or {}).get(engine) or {}).get(device_id)
+        return dict(entry) if isinstance(entry, dict) else None
+
     def has_device(self, engine: str, device_id: str) -> bool:
         """True when the table has a device scope for ``device_id`` (the device was measured)."""
         return bool((((self.table.get("engines") or {}).get(engine) or {}).get("devices") or {}).get(device_id))
 
     def with_devices_from(self, other: Coefficients) -> Coefficients:
-        """This table with the device scopes of ``other`` (a user's fit) replacing its own; the families and
-        engine scopes stay this table's. Each merged scope carries ``other``'s source."""
+        """This table with the device scopes and serving fits of ``other`` (a user's fit) replacing its own; the
+        families and engine scopes stay this table's. Each merged scope carries ``other``'s source."""
         if not other.table:
             return self
         table = json.loads(json.dumps(self.table)) if self.table else {"schema_version": 1, "engines": {}}
@@ -214,6 +220,8 @@ class Coefficients:
             mine = table.setdefault("engines", {}).setdefault(engine, {"default": {}, "families": {}, "devices": {}})
             for device_id, entry in (eng.get("devices") or {}).items():
                 mine.setdefault("devices", {})[device_id] = {**entry, "source": entry.get("source") or other.source}
+        for engine, fits in (other.table.get("serving") or {}).items():
+            table.setdefault("serving", {}).setdefault(engine, {}).update(fits)
         merged_from = [p for p in (self.path, other.path) if p]
         return Coefficients(table, " + ".join(merged_from) or None)
 

@@ -31,6 +31,9 @@ class EngineTraits:
     fp16_accumulate: bool  # prefill matmuls accumulate in FP16 where the device has that rate
     profiled_runtime: bool  # runtime memory from a profile run's activations, CUDA graphs, non-torch (vLLM)
     versioned_by: str  # what names a release in eras: "build" (a build number) or "version" (x.y)
+    # its server batches the requests in flight (continuous batching) rather than serving them in turn
+    # (llama-cpp-python's server, which the harness measures, runs one request at a time)
+    server_batches: bool
 
 
 TRAITS: dict[str, EngineTraits] = {
@@ -38,12 +41,12 @@ TRAITS: dict[str, EngineTraits] = {
         name="llama.cpp", default_quant="Q4_K_M", default_kv_dtype="f16", leaderboard_quant="Q4_K_M", gguf=True,
         host_embedding=True, layer_offload=True, tensor_parallel=False, pcie_streamed_offload=False,
         cpu_kernel_paths=True, attention_through_memory=True, kv_block_tokens=1, fp16_accumulate=True,
-        profiled_runtime=False, versioned_by="build"),
+        profiled_runtime=False, versioned_by="build", server_batches=False),
     "vllm": EngineTraits(
         name="vllm", default_quant="BF16", default_kv_dtype="bf16", leaderboard_quant="AWQ", gguf=False,
         host_embedding=False, layer_offload=False, tensor_parallel=True, pcie_streamed_offload=True,
         cpu_kernel_paths=False, attention_through_memory=False, kv_block_tokens=16, fp16_accumulate=False,
-        profiled_runtime=True, versioned_by="version"),
+        profiled_runtime=True, versioned_by="version", server_batches=True),
 }
 ENGINES: tuple[str, ...] = tuple(TRAITS)
 

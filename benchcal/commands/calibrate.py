@@ -72,6 +72,21 @@ def _emit(text: str, output: str | None) -> None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
+def _serving(dirs: list[str], table: dict) -> dict:
+    """The serving model's fit over the runs' serving runs, against the freshly fitted table; printed."""
+    from calibration.serving import fit_serving
+    from predictor.coefficients import Coefficients
+
+    fits = fit_serving(dirs, Coefficients(table))
+    for engine, devices in fits.items():
+        for device, fit in devices.items():
+            held = [c for c in fit["held_out"] if c["output_tok_s"]["error"] is not None]
+            worst = (f"; held-out highest concurrency: output tok/s {max(abs(c['output_tok_s']['error']) for c in held):.1%}"
+                     f", TTFT p50 {max(abs(c['ttft_p50_ms']['error'] or 0) for c in held):.1%} worst") if held else ""
+            print(f"serving {engine} on {device}: {fit['source']} (concurrency {fit['concurrency']}){worst}")
+    return fits
+
+
 def cmd_calibrate(args) -> int:
     from calibration.crossval import annotate, cross_validate
     from calibration.output import write_table
@@ -86,6 +101,9 @@ def cmd_calibrate(args) -> int:
     source = f"benchcal calibrate --runs-dir {' '.join(dirs)}" + (f" (prior: {prior.source})" if prior else "")
     table = fit_table(dataset, n_boot=args.bootstrap, source=source, prior=prior)
     table = annotate(table, dataset, cross_validate(dataset, table, prior))
+    serving = _serving(dirs, table)
+    if serving:
+        table["serving"] = serving
     for path in write_table(table, out, dirs):
         print(f"wrote {path}")
     metrics = table.get("cross_validation") or {}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from benchcal.argtypes import fraction, non_negative_float, positive_float, positive_int, share
 from benchcal.reports.predictions import (
+    add_load_section,
     catalogue_devices_report,
     catalogue_models_report,
     leaderboard_report,
@@ -22,6 +23,7 @@ from predictor.engines import traits
 from predictor.eras import era_for_build
 from predictor.errors import BenchcalError, positive
 from predictor.estimate import predict_scenario
+from predictor.load import predict_load
 from predictor.models import load_catalogue, resolve_model
 from predictor.quants import normalize_engine
 from predictor.scenario import DEFAULT_PROMPT_TOKENS, Scenario, require_context
@@ -103,8 +105,14 @@ def cmd_predict(args) -> int:
         era_for_build(normalize_engine(args.engine), args.engine_build)
     table = _table(args)
     dev = resolve_gpu(args, table)
-    est = predict_scenario(scenario_from_args(args, dev), table)
-    emit(render(predict_report(est, table), args.format), args)
+    scenario = scenario_from_args(args, dev)
+    est = predict_scenario(scenario, table)
+    report = predict_report(est, table)
+    if args.concurrency:
+        load = predict_load(scenario, args.concurrency, args.output_tokens, coefficients=table,
+                            overheads=table.serving_fit(est.engine, dev.id))
+        add_load_section(report, load)
+    emit(render(report, args.format), args)
     return 0
 
 
@@ -182,6 +190,10 @@ def register(sub) -> None:
                    "with data; eras in predictor/data/engine_eras.json)")
     p.add_argument("--gpu-memory-utilization", type=share, default=None, help="vLLM: share of each GPU it may use, "
                    "its KV pool being what is left after weights and runtime (default 0.9, as vllm serve)")
+    p.add_argument("--concurrency", type=positive_int, default=None, help="also predict the server under this many "
+                   "requests in flight (--prompt-token prompts, --output-tokens each): throughput, TTFT, TPOT")
+    p.add_argument("--output-tokens", type=positive_int, default=256, help="with --concurrency: tokens generated per "
+                   "request (default 256)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("leaderboard", help="every device: status, total/usable, decode, TTFT, max safe context",

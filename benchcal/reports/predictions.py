@@ -360,3 +360,20 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
         rep.charts.append(Chart(f"Decode speed at a full context ({q.id})", "context (tokens)", "tok/s", series))
     rep.add("Launch commands", "code", commands)
     return rep
+
+
+def add_load_section(rep: Report, load: dict) -> None:
+    """The serving-under-load figures (:func:`predictor.load.predict_load`) as a section and as ``load`` in the
+    report's data."""
+    mode = {"serial": "one request at a time", "continuous": "continuous batching"}[load["mode"]]
+    rep.add(f"Serving under load: {load['concurrency']} requests in flight ({mode})", "kv", [
+        ["Requests / s", f"{load['request_throughput']:.3g}"],
+        ["Output tokens / s", f"{load['output_tok_s']:.1f}"],
+        ["TTFT", f"{load['ttft_ms']:.1f} ms"],
+        ["TPOT", f"{load['tpot_ms']:.2f} ms"],
+        ["End-to-end", f"{load['e2el_ms']:.0f} ms"],
+        ["Requests", f"{load['prompt_tokens']:,}-token prompts, {load['output_tokens']:,} tokens out"],
+        ["Server terms", load["overheads"]["source"]],
+    ])
+    if isinstance(rep.data, dict):
+        rep.data["load"] = load

@@ -36,6 +36,7 @@ class RequestResult:
     output_tokens: int | None = None
     error: str | None = None
     timed_out: bool = False
+    events: list[tuple[float, dict[str, Any]]] | None = None  # every choice event with its arrival (keep_events)
 
     @property
     def ok(self) -> bool:
@@ -79,8 +80,10 @@ def _token_times(events: list[tuple[float, dict[str, Any]]], usage: Mapping[str,
     return times
 
 
-async def stream_request(session: Any, url: str, payload: Mapping[str, Any], timeout_s: float) -> RequestResult:
-    """POST one streaming completion and timestamp its events (never raises for the server's failures)."""
+async def stream_request(session: Any, url: str, payload: Mapping[str, Any], timeout_s: float,
+                         keep_events: bool = False) -> RequestResult:
+    """POST one streaming completion and timestamp its events (never raises for the server's failures);
+    ``keep_events``: keep every event with its arrival time in ``result.events``."""
     import aiohttp
 
     result = RequestResult(started_s=time.perf_counter())
@@ -115,6 +118,8 @@ async def stream_request(session: Any, url: str, payload: Mapping[str, Any], tim
         result.error = f"{type(exc).__name__}: {exc}"[:200]
     result.ended_s = time.perf_counter()
     result.token_times_s = _token_times(events, usage)
+    if keep_events:
+        result.events = events
     result.output_tokens = len(result.token_times_s)
     if usage and isinstance(usage.get("prompt_tokens"), int):
         result.prompt_tokens = usage["prompt_tokens"]
@@ -140,6 +145,7 @@ async def run_level(
     duration_s: float = 600.0,
     timeout_s: float = 300.0,
     seed: int = 0,
+    keep_events: bool = False,
 ) -> tuple[list[RequestResult], float]:
     """Send ``requests`` requests at a fixed ``concurrency`` or Poisson ``request_rate`` (exactly one of the two);
     no request starts after ``duration_s``. Returns every request's result and the level's wall time."""
@@ -159,7 +165,7 @@ async def run_level(
                 for i in counter:
                     if time.perf_counter() > stop_at:
                         return
-                    results.append(await stream_request(session, url, payload(i), timeout_s))
+                    results.append(await stream_request(session, url, payload(i), timeout_s, keep_events))
 
             await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, requests)))))
         else:
@@ -168,7 +174,7 @@ async def run_level(
                 if delay > 0:
                     await asyncio.sleep(delay)
                 if time.perf_counter() <= stop_at:
-                    results.append(await stream_request(session, url, payload(i), timeout_s))
+                    results.append(await stream_request(session, url, payload(i), timeout_s, keep_events))
 
             offsets = poisson_arrivals(float(request_rate), requests, random.Random(seed))
             await asyncio.gather(*(send_at(offset, i) for i, offset in enumerate(offsets)))

@@ -1,0 +1,171 @@
+"""The serving model's server terms, fitted from serving runs (``benchcal bench --serve``), and how well the
+fitted model predicts a concurrency it was not fitted on.
+
+For every level of every ok serving run, :mod:`predictor.load` gives the step times of the run's configuration
+from the calibrated analytical model, and its figures are linear in the server's terms (``prefill_scale``,
+``step_overhead_ms``, ``seq_overhead_ms``, ``request_overhead_ms``). Per engine and device they are fitted,
+non-negative, by least squares on the relative
+errors of the measured TTFT, TPOT and end-to-end latency (p50) of every level. The held-out check refits without
+each run's highest concurrency and predicts it: output tokens/s and TTFT p50 against what was measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from calibration.features import run_arch, run_device
+from calibration.observations import run_row
+from harness import records
+from predictor.load import OVERHEADS, serving_figures, serving_mode, step_times
+from predictor.scenario import Scenario
+
+TARGETS = ("ttft_ms", "tpot_ms", "e2el_ms")
+
+
+def serving_levels(runs_dirs: Iterable[str | Path], coefficients: Any = "default") -> list[dict[str, Any]]:
+    """One entry per measured level of every ok serving run: what was measured and the model's step times."""
+    out = []
+    for root in runs_dirs:
+        for stored in records.iter_records(root, on_error=lambda path, message: None):
+            record = stored.record
+            config = record.get("config") or {}
+            serving = (record.get("measurements") or {}).get("serving") or {}
+            if not config.get("serve") or record.get("status") != "ok":
+                continue
+            row = run_row(stored.path, record)
+            scenario = Scenario(
+                model=run_arch(str(row["model"]), str(row["arch_overrides"])), device=run_device(row),
+                engine=str(config["engine"]), quant=config.get("quant"), context=int(config["context"]),
+                prompt_tokens=int(serving["prompt_tokens"]), kv_dtype=config.get("kv_dtype"),
+                flash_attn=bool((config.get("engine_options") or {}).get("flash_attn", False)),
+                host_bandwidth_gbs=row["host_bandwidth_gbs"] if row["device"] != "cpu" else None)
+            for level in serving.get("levels") or []:
+                if level.get("concurrency") is None or not level.get("completed"):
+                    continue  # request-rate levels are not modelled yet
+                times = step_times(scenario, level["concurrency"], serving["output_tokens"], coefficients,
+                                   config["serve"].get("max_num_seqs"))
+                out.append({"run": record["id"], "engine": config["engine"], "device": row["device"],
+                            "device_id": scenario.device.id, "model": row["model_key"],
+                            "mode": serving_mode(config["engine"]), "concurrency": int(level["concurrency"]),
+                            "max_num_seqs": config["serve"].get("max_num_seqs"),
+                            "output_tokens": int(serving["output_tokens"]), "times": times,
+                            "measured": {"ttft_ms": level["ttft_ms"]["p50"], "tpot_ms": level["tpot_ms"]["p50"],
+                                         "e2el_ms": level["e2el_ms"]["p50"], "output_tok_s": level["output_tok_s"]}})
+    return out
+
+
+PARAMETERS = ("prefill_scale", "step_overhead_ms", "seq_overhead_ms", "request_overhead_ms")
+
+
+def _figures(level: Mapping[str, Any], values: Mapping[str, float]) -> dict[str, float]:
+    t = level["times"]
+    return serving_figures(level["mode"], level["concurrency"], level["output_tokens"], t["prefill_s"], t["step1_s"],
+                           t["step_s"], max_num_seqs=level.get("max_num_seqs"), **values)
+
+
+def _unit(name: str) -> dict[str, float]:
+    return {p: (1.0 if p == name else 0.0) for p in PARAMETERS}
+
+
+def fit_overheads(levels: list[Mapping[str, Any]]) -> dict[str, float]:
+    """Non-negative :data:`PARAMETERS` minimizing the relative errors of the measured TTFT, TPOT and E2EL (p50).
+    The figures are linear in them (``serving_figures``), so each column is a figure at a unit value. A server
+    that runs one request at a time cannot tell a per-request overhead from a longer prefill (both come once before
+    the first token) nor a per-sequence from a per-step overhead (one sequence per step): there
+    ``request_overhead_ms`` and ``seq_overhead_ms`` stay 0, the prefill scale and step overhead carrying them."""
+    zero = {p: 0.0 for p in PARAMETERS}
+    serial = all(level["mode"] == "serial" for level in levels)
+    free = [p for p in PARAMETERS if not (serial and p in ("seq_overhead_ms", "request_overhead_ms"))]
+    rows, rhs = [], []
+    for level in levels:
+        base = _figures(level, zero)
+        unit = {p: _figures(level, _unit(p)) for p in free}
+        for target in TARGETS:
+            measured = level["measured"].get(target)
+            if not measured or not np.isfinite(measured) or measured <= 0:
+                continue
+            rows.append([(unit[p][target] - base[target]) / measured for p in free])
+            rhs.append(1.0 - base[target] / measured)
+    if not rows:
+        return dict(OVERHEADS)
+    solution, _ = nnls(np.asarray(rows), np.asarray(rhs))
+    return {**zero, **{p: float(v) for p, v in zip(free, solution, strict=True)}}
+
+
+def _error(predicted: float, measured: float | None) -> float | None:
+    return None if not measured else predicted / measured - 1.0
+
+
+def fit_serving(runs_dirs: Iterable[str | Path], coefficients: Any = "default") -> dict[str, Any]:
+    """``{engine: {device_id: fit}}``: the overheads, the levels they come from, the in-sample errors and the
+    held-out errors at each run's highest concurrency. Empty when no serving run was measured."""
+    levels = serving_levels(list(runs_dirs), coefficients)
+    out: dict[str, Any] = {}
+    for key in sorted({(lv["engine"], lv["device_id"]) for lv in levels}):
+        group = [lv for lv in levels if (lv["engine"], lv["device_id"]) == key]
+        fit = fit_overheads(group)
+        in_sample = [_check(lv, fit) for lv in group]
+        held_out = []
+        for run in sorted({lv["run"] for lv in group}):
+            top = max(lv["concurrency"] for lv in group if lv["run"] == run)
+            train = [lv for lv in group if not (lv["run"] == run and lv["concurrency"] == top)]
+            if not any(lv["run"] == run for lv in train):
+                continue
+            target = next(lv for lv in group if lv["run"] == run and lv["concurrency"] == top)
+            held_out.append(_check(target, fit_overheads(train)))
+        out.setdefault(key[0], {})[key[1]] = {
+            **{k: round(v, 4) for k, v in fit.items()}, "levels": len(group),
+            "runs": sorted({lv["run"] for lv in group}), "models": sorted({lv["model"] for lv in group}),
+            "concurrency": sorted({lv["concurrency"] for lv in group}), "mode": group[0]["mode"],
+            "in_sample": in_sample, "held_out": held_out,
+            "source": f"fitted from {len(group)} serving level(s) of {len({lv['run'] for lv in group})} run(s)"}
+    return out
+
+
+def _check(level: Mapping[str, Any], fit: Mapping[str, float]) -> dict[str, Any]:
+    predicted = _figures(level, fit)
+    measured = level["measured"]
+    return {"run": level["run"], "concurrency": level["concurrency"],
+            "output_tok_s": {"measured": measured["output_tok_s"], "predicted": round(predicted["output_tok_s"], 3),
+                             "error": _error(predicted["output_tok_s"], measured["output_tok_s"])},
+            "ttft_p50_ms": {"measured": measured["ttft_ms"], "predicted": round(predicted["ttft_ms"], 3),
+                            "error": _error(predicted["ttft_ms"], measured["ttft_ms"])}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m calibration.serving RUNS_DIR...``: fit the serving model over the runs' serving runs and print
+    each engine's terms with the in-sample and held-out (highest concurrency) errors; JSON with ``--json``."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m calibration.serving", description=main.__doc__)
+    parser.add_argument("runs_dirs", nargs="+")
+    parser.add_argument("--json", action="store_true", help="print the fit as JSON")
+    args = parser.parse_args(argv)
+    fits = fit_serving(args.runs_dirs)
+    if args.json:
+        print(json.dumps(fits, indent=1))
+        return 0
+    if not fits:
+        print("no ok serving run with concurrency levels under " + ", ".join(args.runs_dirs))
+        return 1
+    for engine, devices in fits.items():
+        for device, fit in devices.items():
+            terms = ", ".join(f"{p} {fit[p]:.3g}" for p in PARAMETERS)
+            print(f"{engine} on {device} ({fit['mode']}; {fit['source']}): {terms}")
+            for label, checks in (("in-sample", fit["in_sample"]), ("held out", fit["held_out"])):
+                for c in checks:
+                    out, ttft = c["output_tok_s"], c["ttft_p50_ms"]
+                    print(f"  {label:9} concurrency {c['concurrency']}: output tok/s {out['measured']:.1f} measured, "
+                          f"{out['predicted']:.1f} predicted ({out['error']:+.1%}); TTFT p50 {ttft['measured']:.0f} ms "
+                          f"measured, {ttft['predicted']:.0f} predicted ({ttft['error']:+.1%})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

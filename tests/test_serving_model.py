@@ -1,0 +1,70 @@
+"""The serving model: its closed-loop formulas, the fit of the server's terms, and predict --concurrency."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from calibration.serving import PARAMETERS, _check, fit_overheads
+from predictor.load import predict_load, serving_figures
+from predictor.scenario import Scenario
+
+
+def test_one_request_at_a_time_gives_the_same_throughput_at_any_concurrency():
+    one = serving_figures("serial", 1, 65, prefill_s=0.04, step1_s=0.005, step_s=0.005)
+    four = serving_figures("serial", 4, 65, prefill_s=0.04, step1_s=0.005, step_s=0.005)
+    service = 0.04 + 64 * 0.005
+    assert one["e2el_ms"] == pytest.approx(1000 * service) and four["e2el_ms"] == pytest.approx(4000 * service)
+    assert four["output_tok_s"] == pytest.approx(one["output_tok_s"]) == pytest.approx(65 / service)
+    assert four["ttft_ms"] == pytest.approx(1000 * (3 * service + 0.04)) and four["tpot_ms"] == pytest.approx(5.0)
+
+
+def test_continuous_batching_shares_each_step_between_the_sequences_in_flight():
+    one = serving_figures("continuous", 1, 11, prefill_s=0.05, step1_s=0.01, step_s=0.01)
+    eight = serving_figures("continuous", 8, 11, prefill_s=0.05, step1_s=0.01, step_s=0.012, seq_overhead_ms=1.0)
+    assert one["ttft_ms"] == pytest.approx(50.0) and one["e2el_ms"] == pytest.approx(50.0 + 10 * 10.0)
+    assert eight["ttft_ms"] == pytest.approx(8 * 50.0) and eight["tpot_ms"] == pytest.approx(12.0 + 8 * 1.0)
+    assert eight["output_tok_s"] == pytest.approx(8 * 11 / (eight["e2el_ms"] / 1000))
+    capped = serving_figures("continuous", 8, 11, prefill_s=0.05, step1_s=0.01, step_s=0.012, seq_overhead_ms=1.0,
+                             max_num_seqs=4)
+    assert capped["tpot_ms"] == pytest.approx(12.0 + 4 * 1.0)
+    with pytest.raises(ValueError):
+        serving_figures("parallel", 1, 2, 0.1, 0.1, 0.1)
+
+
+@pytest.mark.parametrize("mode", ["serial", "continuous"])
+def test_the_fit_recovers_the_server_terms_that_made_the_figures(mode):
+    serial = mode == "serial"  # one request at a time: per-request and per-sequence terms are not identifiable
+    truth = {"prefill_scale": 1.3, "step_overhead_ms": 2.0, "seq_overhead_ms": 0.0 if serial else 1.5,
+             "request_overhead_ms": 0.0 if serial else 7.0}
+    levels = []
+    for c in (1, 2, 4, 8):
+        times = {"prefill_s": 0.03, "step1_s": 0.004, "step_s": 0.004 + 0.0002 * c}
+        figures = serving_figures(mode, c, 17, times["prefill_s"], times["step1_s"], times["step_s"], **truth)
+        levels.append({"run": "r", "mode": mode, "concurrency": c, "output_tokens": 17, "times": times,
+                       "measured": {**{k: figures[k] for k in ("ttft_ms", "tpot_ms", "e2el_ms")},
+                                    "output_tok_s": figures["output_tok_s"]}})
+    fit = fit_overheads(levels[:3])
+    for name in PARAMETERS:
+        assert fit[name] == pytest.approx(truth[name], abs=1e-6), name
+    held_out = _check(levels[3], fit)
+    assert abs(held_out["output_tok_s"]["error"]) < 1e-6 and abs(held_out["ttft_p50_ms"]["error"]) < 1e-6
+
+
+def test_predict_load_names_its_terms_and_their_source():
+    load = predict_load(Scenario("llama-3-8b", "rtx-4090", prompt_tokens=512), 4, 128, coefficients=None)
+    assert load["mode"] == "serial" and load["overheads"]["source"].startswith("uncalibrated")
+    fitted = predict_load(Scenario("qwen2.5-7b", "h100-sxm", engine="vllm", prompt_tokens=512), 8, 128,
+                          coefficients=None, overheads={"seq_overhead_ms": 0.5, "source": "fitted from 4 levels"})
+    assert fitted["mode"] == "continuous" and fitted["overheads"]["seq_overhead_ms"] == 0.5
+    assert fitted["tpot_ms"] == pytest.approx(fitted["step_times_ms"]["step_ms"] + 8 * 0.5, rel=1e-3)
+
+
+def test_predict_concurrency_adds_the_load_to_the_json(capsys):
+    from benchcal.cli import main
+
+    assert main(["predict", "--model", "qwen2.5-7b", "--gpu", "h100-sxm", "--engine", "vllm", "--concurrency", "16",
+                 "--output-tokens", "128", "--prompt", "1024", "--format", "json"]) == 0
+    load = json.loads(capsys.readouterr().out)["load"]
+    assert load["concurrency"] == 16 and load["output_tokens"] == 128 and load["output_tok_s"] > 0
