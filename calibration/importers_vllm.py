@@ -2,7 +2,9 @@
 and ``vllm bench throughput --output-json`` (and the older ``benchmarks/benchmark_*.py`` scripts, which
 write the same keys).
 
-- serve: one JSON object per run (``--append-result`` writes JSON lines). TTFT and TPOT
+- serve: one JSON object per run (``--append-result`` writes JSON lines). Its load (concurrency or request
+  rate), throughputs and every latency statistic it has (mean, median, std, p50/p90/p99... of TTFT, TPOT, ITL
+  and E2EL) are kept under ``measurements.serve``. TTFT and TPOT
   (``median_ttft_ms``, ``median_tpot_ms``, mean and std) become a prefill point (TTFT only) and a decode
   point (``1000 / TPOT`` tokens per second per sequence). The batch is ``max_concurrency``; without it
   (a request-rate run) it is estimated with Little's law, in-flight requests = request throughput x mean
@@ -83,6 +85,28 @@ def _serve_lengths(result: dict[str, Any]) -> tuple[float, float]:
     return input_len, output_len
 
 
+_STAT_KEY = re.compile(r"^(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+_SERVE_KEYS = ("request_rate", "burstiness", "max_concurrency", "num_prompts", "completed", "duration",
+               "request_throughput", "output_throughput", "total_token_throughput", "total_input_tokens",
+               "total_output_tokens")
+
+
+def serve_figures(result: dict[str, Any]) -> dict[str, Any]:
+    """What a ``vllm bench serve`` result says about the load: its level (``max_concurrency`` or
+    ``request_rate``, ``inf`` kept as vLLM writes it), throughputs, and every latency statistic the file has
+    (``ttft_ms``, ``tpot_ms``, ``itl_ms``, ``e2el_ms``: mean, median, std and each percentile, ``p99`` for
+    ``p99_ttft_ms``), as the file gives them (the per-request samples are not in it)."""
+    out: dict[str, Any] = {key: result.get(key) for key in _SERVE_KEYS if key in result}
+    for key, value in result.items():
+        match = _STAT_KEY.match(str(key))
+        if match and isinstance(value, (int, float)):
+            out.setdefault(f"{match.group(2)}_ms", {})[match.group(1)] = float(value)
+    for old in ("p99_ttft_ms", "p99_tpot_ms"):  # the keys earlier imports kept
+        if old in result:
+            out[old] = result[old]
+    return out
+
+
 def serve_batch(result: dict[str, Any]) -> tuple[int, bool]:
     """(batch, estimated): ``max_concurrency``, else Little's law from throughput and mean latency."""
     if result.get("max_concurrency"):
@@ -125,9 +149,7 @@ def vllm_record(result: dict[str, Any], *, model: str, device: str, quant: str, 
             measurements["prefill"] = [{"prompt_tokens": round(n_in), "ttft_ms": ttft}]
         if tpot:
             measurements["decode"] = {"gen_tokens": round(n_out), "context_at_start": round(n_in), "decode_tok_s": tpot}
-        measurements["serve"] = {k: result.get(k) for k in ("request_rate", "max_concurrency", "num_prompts", "duration",
-                                                            "request_throughput", "output_throughput",
-                                                            "p99_ttft_ms", "p99_tpot_ms")}
+        measurements["serve"] = serve_figures(result)
     else:
         if not (input_len and output_len):
             raise BenchcalError(f"a vLLM {kind} result does not record its lengths: pass --input-len and --output-len")

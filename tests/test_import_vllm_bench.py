@@ -68,3 +68,16 @@ def test_a_json_file_of_non_objects_is_a_user_error(tmp_path):
     path.write_text("[1, 2]")
     with pytest.raises(BenchcalError, match="expected a JSON object"):
         import_vllm_bench(path, model="llama-3.2-3b", runs_dir=tmp_path / "runs", gpu="l40s")
+
+
+def test_a_serve_result_keeps_its_load_and_every_latency_statistic(tmp_path):
+    source = Path(__file__).parent / "data" / "imported" / "vllm-bench-serve" / "results.json"
+    paths, _ = import_vllm_bench(source, model="llama-3.2-3b", runs_dir=tmp_path, gpu="l40s")
+    serve = [json.loads(Path(p).read_text())["measurements"]["serve"] for p in paths]
+    first = serve[0]
+    assert first["request_rate"] == 10.0 and first["max_concurrency"] is None and first["completed"] == 300
+    assert first["ttft_ms"] == {"mean": 54.59561144333596, "median": 52.868896000063614, "std": 10.45418108071603,
+                                "p99": 98.69780922984769}
+    assert set(first) >= {"tpot_ms", "itl_ms", "output_throughput", "total_token_throughput"}
+    assert first["itl_ms"]["p99"] == 34.48662216016601
+    assert any(s["request_rate"] == "inf" for s in serve)  # vLLM's "as fast as possible", kept as written
