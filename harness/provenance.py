@@ -67,6 +67,8 @@ def base_provenance(cfg: Mapping[str, Any], host: Mapping[str, Any], gpu: Mappin
         "harness_version": harness_version(),
         "git_commit": git_commit(),
         "command_line": " ".join(sys.argv),
+        **({"trust_remote_code": "allowed by --trust-remote-code"}
+           if (cfg.get("engine_options") or {}).get("trust_remote_code") else {}),
         "hostname": socket.gethostname(),
         "started_at": records.utc_now(),
     }

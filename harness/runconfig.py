@@ -14,6 +14,22 @@ from predictor.errors import BenchcalError
 
 # ------------------------------------------------------------------------------------------------ config
 
+# Running a model repository's own Python code (vLLM's trust_remote_code) is allowed only when the command line
+# says so (``benchcal bench --trust-remote-code`` calls :func:`permit_remote_code`): a sweep file or a record
+# cannot turn it on by itself.
+_REMOTE_CODE_PERMITTED = False
+
+
+def permit_remote_code(allowed: bool = True) -> None:
+    """Allow (or forbid again) configurations whose engine options ask to run a model's own code."""
+    global _REMOTE_CODE_PERMITTED
+    _REMOTE_CODE_PERMITTED = bool(allowed)
+
+
+def remote_code_permitted() -> bool:
+    return _REMOTE_CODE_PERMITTED
+
+
 
 def prepare_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """Normalize ``config`` and check what a user can get wrong; BenchcalError with one line otherwise."""
@@ -44,6 +60,9 @@ def prepare_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if decode_context + cfg["gen_tokens"] > cfg["context"]:
         raise BenchcalError(f"{decode_context} prompt + {cfg['gen_tokens']} generated tokens exceed the "
                             f"context of {cfg['context']}")
+    if cfg["engine_options"].get("trust_remote_code") and not _REMOTE_CODE_PERMITTED:
+        raise BenchcalError("engine option trust_remote_code runs the model repository's own Python code: pass "
+                            "--trust-remote-code on the command line to allow it")
     engine_setup(cfg["engine"]).fill_defaults(cfg)
     return cfg
 

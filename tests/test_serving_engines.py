@@ -24,10 +24,36 @@ def _closed(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) != 0
 
 
+SECRET = "benchcal-planted-secret-5f1c9e"  # planted in the environment: no record or log may hold it
+LISTENERS: dict[str, list] = {}
+
+
+def _listeners(name: str):
+    """``on_ready`` hook: every listening TCP socket of the server's process tree."""
+    def look(server) -> None:
+        import psutil
+
+        pids = server.pids()
+        LISTENERS[name] = [c.laddr for c in psutil.net_connections(kind="inet")
+                           if c.status == psutil.CONN_LISTEN and c.pid in pids]
+    return look
+
+
 @pytest.fixture(scope="module")
 def llama_run(cache, tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
-    return run_serving({**LLAMA, "serve": {"concurrency": [1, 2], "requests": 4, "warmup": 1}}, runs, say=lambda m: None)
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY"):
+            patch.setenv(name, SECRET)
+        return run_serving({**LLAMA, "serve": {"concurrency": [1, 2], "requests": 4, "warmup": 1}}, runs,
+                           say=lambda m: None, on_ready=_listeners("llama.cpp"))
+
+
+def test_the_server_listens_on_loopback_only_and_no_secret_reaches_the_record_or_log(llama_run):
+    record, path = llama_run
+    assert LISTENERS["llama.cpp"] and all(addr.ip == "127.0.0.1" for addr in LISTENERS["llama.cpp"])
+    assert SECRET not in Path(path).read_text()
+    assert SECRET not in Path(record["provenance"]["log_file"]).read_text(errors="replace")
 
 
 def test_llama_cpp_server_is_measured_at_each_concurrency_and_stopped(llama_run):
@@ -65,8 +91,10 @@ def test_vllm_server_batches_concurrent_requests(cache, tmp_path):
     cfg = {"model": "qwen2.5-0.5b", "engine": "vllm", "device": "cpu", "context": 512, "prompt_tokens": [32],
            "gen_tokens": 8, "arch_overrides": {"num_layers": 2, "vocab_size": 4096}, "engine_options": {"threads": 2},
            "serve": {"concurrency": [1, 4], "requests": 4, "warmup": 1}}
-    record, path = run_serving(cfg, tmp_path / "runs", say=lambda m: None)
+    record, path = run_serving(cfg, tmp_path / "runs", say=lambda m: None, on_ready=_listeners("vllm"))
     assert record["status"] == "ok", record["reason"]
+    # the API server and its engine processes listen on loopback only
+    assert LISTENERS["vllm"] and all(addr.ip == "127.0.0.1" for addr in LISTENERS["vllm"]), LISTENERS["vllm"]
     one, four = record["measurements"]["serving"]["levels"]
     for level in (one, four):
         assert level["completed"] == 4 and level["output_tokens"] == 32 and level["prompt_tokens"] == 4 * 32

@@ -82,6 +82,9 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--request-rate", default=None, help="with --serve: Poisson arrivals, requests per second, "
                        "comma-separated levels")
     bench.add_argument("--requests", type=positive_int, default=16, help="with --serve: requests per level (default 16)")
+    bench.add_argument("--trust-remote-code", action="store_true", help="allow a configuration's engine option "
+                       "trust_remote_code (vLLM runs the model repository's own Python code); without this flag "
+                       "such a configuration is refused")
     bench.add_argument("--sweep", default=None, help="a sweep TOML file, or the name of a shipped sweep")
     bench.add_argument("--no-resume", action="store_true", help="with --sweep: re-measure configs already stored")
     bench.add_argument("--timeout", type=positive_float, default=None, help="seconds per run before it is killed (default 900)")
@@ -243,7 +246,9 @@ class _Progress:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from harness.protocol import prepare_config
+    from harness.runconfig import permit_remote_code
 
+    permit_remote_code(bool(args.trust_remote_code))
     root = records.runs_dir(args.runs_dir)
     device = resolve_bench_device(args.gpu)
     if not args.sweep and not args.model and args.weights == "synthetic":

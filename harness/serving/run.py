@@ -89,8 +89,10 @@ def run_serving(
     say: Callable[[str], None] | None = None,
     host: Mapping[str, Any] | None = None,
     seed: int | None = None,
+    on_ready: Callable[[ServerProcess], None] | None = None,
 ) -> tuple[dict[str, Any], Any]:
     """Measure one serving configuration (``config["serve"]`` set) and store its record; (record, path).
+    ``on_ready(server)`` is called once the server answers, before the load (the tests look at its sockets).
 
     Raises :class:`harness.protocol.Interrupted` after writing the record when the user interrupts."""
     from harness.hostbench import host_profile
@@ -129,6 +131,8 @@ def run_serving(
     try:
         with process:
             startup_s = process.startup_s
+            if on_ready is not None:
+                on_ready(process)
             total = serve["warmup"] + serve["requests"] * len(levels)
             prompts = server.prompts(cfg, weights_path, process.base_url, prompt_tokens, total, rng_seed)
             url = process.base_url + "/v1/completions"
