@@ -170,7 +170,7 @@ def run_config(
     from harness.samplers import gpu_snapshot
 
     cfg = prepare_config(config)
-    root = records.runs_dir(runs_dir)
+    root = records.ensure_writable(records.runs_dir(runs_dir))
     host = dict(host or host_profile())
     plan = plan_config(cfg, host)
     for message in plan.messages:
@@ -196,7 +196,7 @@ def run_config(
         prediction_reason=plan.prediction_reason, prediction_error=prediction_error(run.status, plan.verdict),
     )
     record = records.sanitize_record(record)
-    path = records.write_record(record, root)
+    path = records.store_record(record, root, say=say)
     if run.interrupted:
         raise Interrupted(path)
     return RunOutcome(record, path, plan)

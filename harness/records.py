@@ -262,6 +262,58 @@ def write_record(record: dict[str, Any], runs_dir: str | os.PathLike[str], attem
     raise FileExistsError(f"could not find a free record name under {Path(runs_dir)} after {attempts} attempts")
 
 
+MIN_FREE_BYTES = 16 * 2**20  # room for a record and the engine's log
+
+
+def ensure_writable(runs_dir: str | os.PathLike[str]) -> Path:
+    """Check before a run that its record can be stored: ``runs_dir`` is (or can be made) a writable directory
+    with room left; BenchcalError naming the problem otherwise, so no measurement is made only to be lost."""
+    from predictor.errors import BenchcalError
+
+    root = Path(runs_dir)
+    if root.exists() and not root.is_dir():
+        raise BenchcalError(f"runs directory {root} is a file")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".benchcal-write-probe.", dir=root)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise BenchcalError(f"runs directory {root} is not writable ({exc.strerror or exc})") from None
+    import shutil
+
+    free = shutil.disk_usage(root).free
+    if free < MIN_FREE_BYTES:
+        raise BenchcalError(f"runs directory {root} has {free / 2**20:.1f} MiB free; a run needs "
+                            f"{MIN_FREE_BYTES // 2**20} MiB for its record and log")
+    return root
+
+
+def store_record(record: dict[str, Any], runs_dir: str | os.PathLike[str],
+                 say: Callable[[str], None] | None = None) -> Path:
+    """:func:`write_record`, and when that fails (disk full, directory gone or read-only) the record goes to the
+    fallback directory (``$BENCHCAL_CACHE/unsaved-records``, else the system's temporary directory) and ``say``
+    tells where: a finished measurement is never lost."""
+    try:
+        return write_record(record, runs_dir)
+    except OSError as exc:
+        for fallback in _fallback_dirs():
+            try:
+                path = write_record(record, fallback)
+            except OSError:
+                continue
+            (say or print)(f"warning: could not store the record under {runs_dir} ({exc.strerror or exc}); "
+                           f"saved it to {path} instead")
+            return path
+        raise
+
+
+def _fallback_dirs() -> list[Path]:
+    base = os.environ.get("BENCHCAL_CACHE")
+    dirs = [Path(base) / "unsaved-records"] if base else []
+    return [*dirs, Path(tempfile.gettempdir()) / "benchcal-unsaved-records"]
+
+
 def _json_default(value: Any) -> Any:
     """JSON encoding for numpy scalars/arrays and paths; NaN becomes null."""
     if hasattr(value, "tolist"):

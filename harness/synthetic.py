@@ -351,6 +351,7 @@ def synthetic_gguf(
     final = folder / f"{_slug(spec['id'])}-{file_type}-{digest[:12]}.gguf"
     if final.exists():
         return final
+    remove_stale_partials(folder)
     partial = folder / f".{final.name}.{os.getpid()}.partial"
     try:
         write_synthetic_gguf(spec, file_type, partial, seed)
@@ -359,6 +360,26 @@ def synthetic_gguf(
         if partial.exists():
             partial.unlink()
     return final
+
+
+_PARTIAL = re.compile(r"^\..+\.(\d+)\.(?:partial|tmp)$")
+
+
+def remove_stale_partials(folder: Path) -> list[Path]:
+    """Delete the half-written files (``.<name>.<pid>.partial`` / ``.tmp``) of writers that are gone (a process
+    killed while it wrote a checkpoint); a live writer's file is left alone. Returns what was removed."""
+    import psutil
+
+    removed = []
+    for path in folder.glob(".*"):
+        match = _PARTIAL.match(path.name)
+        if match and path.is_file() and not psutil.pid_exists(int(match.group(1))):
+            try:
+                path.unlink()
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
 
 
 def normalize_file_type(name: str | None) -> str:

@@ -249,7 +249,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from harness.runconfig import permit_remote_code
 
     permit_remote_code(bool(args.trust_remote_code))
-    root = records.runs_dir(args.runs_dir)
+    root = records.ensure_writable(records.runs_dir(args.runs_dir))  # before anything is measured
     device = resolve_bench_device(args.gpu)
     if not args.sweep and not args.model and args.weights == "synthetic":
         from benchcal.commands.host_calibration import run_default

@@ -105,7 +105,7 @@ def run_serving(
         raise BenchcalError("a serving run needs a serve table")
     tell = say or print
     serve = cfg["serve"]
-    root = records.runs_dir(runs_dir)
+    root = records.ensure_writable(records.runs_dir(runs_dir))
     host = dict(host or host_profile())
     index = gpu_index(cfg)
     provenance = base_provenance(cfg, host, gpu_snapshot(index) if index is not None else None)
@@ -180,7 +180,7 @@ def run_serving(
                                   "startup_s": startup_s, "port": port, "seed": rng_seed, "levels": measured}},
         prediction=None, prediction_reason="the predictor has no serving model yet",
     )
-    path = records.write_record(records.sanitize_record(record), root)
+    path = records.store_record(records.sanitize_record(record), root, say=tell)
     if interrupted:
         raise Interrupted(path)
     return record, path
