@@ -62,6 +62,8 @@ def load_thresholds(path: str | Path | None) -> Thresholds:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise BenchcalError(f"thresholds file {p} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise BenchcalError(f"thresholds file {p} is not a text file (not UTF-8)") from None
     limits = dict(DEFAULT_THRESHOLDS)
     limits.update({k: float(v) for k, v in (data.get("thresholds") or {}).items()})
     tolerance = dict(DEFAULT_TOLERANCE)
@@ -178,6 +180,8 @@ def load_baseline(path: str | Path | None) -> dict[str, Any] | None:
         return json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise BenchcalError(f"baseline {p} is not valid JSON: {exc}") from None
+    except UnicodeDecodeError:
+        raise BenchcalError(f"baseline {p} is not a text file (not UTF-8)") from None
 
 
 def baseline_document(result: CheckResult, coefficients_source: str, runs_dirs: list[str]) -> dict[str, Any]:

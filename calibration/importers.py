@@ -20,6 +20,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -219,6 +220,17 @@ def llama_bench_record(row: dict[str, Any], *, model: str, device: str, file_nam
                        exclude: dict[str, str] | None = None) -> dict[str, Any] | None:
     """A run record for one llama-bench row; None for pp+tg rows."""
     n_prompt, n_gen, n_depth = (_int(row.get(k), 0) for k in ("n_prompt", "n_gen", "n_depth"))
+    for key, value in (("n_prompt", n_prompt), ("n_gen", n_gen), ("n_depth", n_depth)):
+        if value is None or value < 0:
+            raise BenchcalError(f"{file_name}: a row's {key} must be zero or a positive whole number, "
+                                f"got {row.get(key)!r}")
+    speed = row.get("avg_ts")
+    try:
+        ok = speed is not None and math.isfinite(float(speed)) and float(speed) > 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise BenchcalError(f"{file_name}: a row's avg_ts (tokens/s) must be a positive number, got {speed!r}")
     if (n_prompt and n_gen) or not (n_prompt or n_gen):
         return None
     quant = quant_from_model_type(str(row.get("model_type")))
@@ -311,10 +323,10 @@ def store_new_records(text: str, items: list[Any], runs_dir: str | Path, label: 
     ``build(i, item, import_key)`` returns (record or None to skip, message or None). Returns (paths, messages).
     """
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    written, messages = [], []
+    built, messages = [], []
     with records.store_lock(runs_dir):  # another import of the same file waits, then finds these records
         seen = existing_import_keys(runs_dir)
-        for i, item in enumerate(items):
+        for i, item in enumerate(items):  # every item is built (and checked) before any is stored
             key = f"{digest}:{i}"
             if key in seen:
                 messages.append(f"{label} {i + 1}: already imported")
@@ -323,7 +335,8 @@ def store_new_records(text: str, items: list[Any], runs_dir: str | Path, label: 
             if message:
                 messages.append(f"{label} {i + 1}: {message}")
             if record is not None:
-                written.append(records.write_record(records.sanitize_record(record), runs_dir))
+                built.append(records.sanitize_record(record))
+        written = [records.write_record(record, runs_dir) for record in built]
     return written, messages
 
 

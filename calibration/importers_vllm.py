@@ -41,9 +41,12 @@ def parse_vllm_results(text: str) -> list[dict[str, Any]]:
     except json.JSONDecodeError:
         pass
     try:
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        results = [json.loads(line) for line in text.splitlines() if line.strip()]
     except json.JSONDecodeError as exc:
         raise BenchcalError(f"not a vLLM benchmark result file (JSON or JSON lines): {exc}") from None
+    if not results:
+        raise BenchcalError("an empty file: no vLLM benchmark result in it")
+    return results
 
 
 def result_kind(result: dict[str, Any]) -> str:

@@ -31,8 +31,42 @@ def remote_code_permitted() -> bool:
 
 
 
+_WHOLE = ("context", "reps", "batch", "device_count", "gen_tokens", "warmup")
+_TABLES = ("engine_options", "arch_overrides", "serve")
+
+
+def check_types(config: Mapping[str, Any]) -> None:
+    """The types of a configuration's fields, before anything reads them: whole numbers, prompt lengths, tables,
+    names; BenchcalError naming the field and the value."""
+    if not isinstance(config, Mapping):
+        raise BenchcalError(f"a run configuration must be a table, got {config!r}")
+    for key in _WHOLE:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise BenchcalError(f"{key} must be a whole number, got {value!r}")
+    prompts = config.get("prompt_tokens")
+    values = prompts if isinstance(prompts, list) else [prompts] if prompts is not None else []
+    if any(isinstance(p, bool) or not isinstance(p, int) for p in values):
+        raise BenchcalError(f"prompt_tokens must be whole numbers, got {prompts!r}")
+    for key in _TABLES:
+        if config.get(key) is not None and not isinstance(config.get(key), Mapping) and key != "serve":
+            raise BenchcalError(f"{key} must be a table, got {config.get(key)!r}")
+    for key in ("model", "engine", "device", "quant", "kv_dtype", "weights"):
+        value = config.get(key)
+        if value is not None and not isinstance(value, str):
+            raise BenchcalError(f"{key} must be a name, got {value!r}")
+    fraction = config.get("offload_fraction")
+    if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+                                 or not 0 <= fraction <= 1):
+        raise BenchcalError(f"offload_fraction must be a share of the layers in [0, 1], got {fraction!r}")
+    for key, value in (config.get("arch_overrides") or {}).items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise BenchcalError(f"arch_overrides.{key} must be a positive whole number, got {value!r}")
+
+
 def prepare_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """Normalize ``config`` and check what a user can get wrong; BenchcalError with one line otherwise."""
+    check_types(config)
     cfg = records.normalize_config(config)
     if not cfg.get("model"):
         raise BenchcalError("a run needs a model")
@@ -63,8 +97,23 @@ def prepare_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if cfg["engine_options"].get("trust_remote_code") and not _REMOTE_CODE_PERMITTED:
         raise BenchcalError("engine option trust_remote_code runs the model repository's own Python code: pass "
                             "--trust-remote-code on the command line to allow it")
-    engine_setup(cfg["engine"]).fill_defaults(cfg)
+    setup = engine_setup(cfg["engine"])
+    setup.fill_defaults(cfg)
+    check_model(cfg, setup)
     return cfg
+
+
+def check_model(cfg: Mapping[str, Any], setup: Any) -> None:
+    """What the configuration measures exists and fits the model: its weights file, the model (catalogue id or
+    file) with its overrides, and a context within the model's maximum (the engine's own options, formats and KV
+    types are its setup's to check, in ``fill_defaults``)."""
+    weights = str(cfg.get("weights") or "synthetic")
+    if weights not in ("synthetic", "hub") and not Path(weights).expanduser().exists():
+        raise BenchcalError(f"weights file {weights} does not exist")
+    arch = setup.arch(cfg)
+    if int(cfg["context"]) > int(arch.max_context):
+        raise BenchcalError(f"context {cfg['context']} is above {arch.id}'s maximum of {arch.max_context} tokens")
+
 
 
 def model_arch(cfg: Mapping[str, Any]) -> Any:

@@ -98,10 +98,22 @@ def load_sweep(name_or_path: str) -> Sweep:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise BenchcalError(f"sweep file {path} is not valid TOML: {exc}") from exc
+    except UnicodeDecodeError:
+        raise BenchcalError(f"sweep file {path} is not a text file (not UTF-8)") from None
+    except OSError as exc:
+        raise BenchcalError(f"cannot read sweep file {path}: {exc.strerror or exc}") from None
     defaults = data.get("defaults") or {}
     entries = data.get("configs") or []
+    if not isinstance(defaults, dict):
+        raise BenchcalError(f"sweep file {path}: [defaults] must be a table")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise BenchcalError(f"sweep file {path}: configs must be [[configs]] tables")
     if not entries:
         raise BenchcalError(f"sweep file {path} has no [[configs]]")
+    timeout = data.get("timeout_s")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not timeout > 0 or timeout == float("inf")):
+        raise BenchcalError(f"sweep file {path}: timeout_s must be a positive number of seconds, got {timeout!r}")
     configs = []
     for number, entry in enumerate(entries, 1):
         for config in expand(merge(defaults, entry)):

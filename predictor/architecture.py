@@ -17,6 +17,7 @@ KV dtype's bytes per element); attention FLOPs are per query token per attended 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,21 @@ class _Fields:
         value = self.cfg.get(key)
         if value is None:
             raise BenchcalError(f"config.json at {self.source} is missing field '{key}'")
+        return self._count(key, value, 1)
+
+    def count(self, *keys: str, default: Any = None, minimum: int = 1) -> int:
+        """The first of ``keys`` present, as a whole number of at least ``minimum`` (else ``default``)."""
+        for key in keys:
+            if self.cfg.get(key) is not None:
+                return self._count(key, self.cfg[key], minimum)
+        return default
+
+    def _count(self, key: str, value: Any, minimum: int) -> int:
+        """A size or count from config.json: a whole number in [minimum, 2**40]; BenchcalError naming it."""
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or value != int(value) or not minimum <= value <= 2**40:
+            what = "a positive whole number" if minimum >= 1 else "a whole number, 0 or more"
+            raise BenchcalError(f"config.json at {self.source}: field '{key}' must be {what}, got {value!r}")
         return int(value)
 
     def get(self, *keys: str, default: Any = None) -> Any:
@@ -197,12 +213,12 @@ def _sliding_layers(f: _Fields, model_type: str, num_layers: int) -> list[bool]:
     if not f.get("sliding_window"):
         return [False] * num_layers
     if model_type in _SWA_PATTERN_DEFAULTS:
-        pattern = int(f.get("sliding_window_pattern", default=_SWA_PATTERN_DEFAULTS[model_type]))
+        pattern = f.count("sliding_window_pattern", default=_SWA_PATTERN_DEFAULTS[model_type])
         return [(i + 1) % pattern != 0 for i in range(num_layers)]
     if model_type in _QWEN_SWA_TYPES:
         if not f.get("use_sliding_window", default=False):
             return [False] * num_layers
-        first = int(f.get("max_window_layers", default=num_layers))
+        first = f.count("max_window_layers", default=num_layers, minimum=0)
         return [i >= first for i in range(num_layers)]
     if model_type in _ALL_LAYER_SWA_TYPES and f.get("use_sliding_window", default=True):
         return [True] * num_layers
@@ -242,11 +258,11 @@ def _moe_layers(f: _Fields, model_type: str, num_layers: int, num_experts: int) 
     if not num_experts:
         return [False] * num_layers
     if f.get("n_routed_experts") is not None:  # DeepSeek-V2/V3
-        first_dense = int(f.get("first_k_dense_replace", default=0))
-        freq = int(f.get("moe_layer_freq", default=1))
+        first_dense = f.count("first_k_dense_replace", default=0, minimum=0)
+        freq = f.count("moe_layer_freq", default=1)
         return [i >= first_dense and i % freq == 0 for i in range(num_layers)]
     if model_type.startswith("qwen") and model_type.endswith("_moe"):
-        step = int(f.get("decoder_sparse_step", default=1))
+        step = f.count("decoder_sparse_step", default=1)
         dense = set(f.get("mlp_only_layers", default=[]))
         return [i not in dense and (i + 1) % step == 0 for i in range(num_layers)]
     return [True] * num_layers
@@ -254,7 +270,7 @@ def _moe_layers(f: _Fields, model_type: str, num_layers: int, num_experts: int) 
 
 def _moe_layer_params(f: _Fields, model_type: str, hidden: int, num_experts: int) -> tuple[int, int]:
     """(routed expert parameters, shared experts + router parameters) of one MoE layer."""
-    expert_size = int(f.get("moe_intermediate_size", default=0) or f.need("intermediate_size"))
+    expert_size = (f.count("moe_intermediate_size", default=0, minimum=0) or f.need("intermediate_size"))
     expert_bias = model_type == "gpt_oss"
     routed = num_experts * gated_mlp_params(hidden, expert_size, bias=expert_bias)
     router = hidden * num_experts
@@ -262,9 +278,9 @@ def _moe_layer_params(f: _Fields, model_type: str, hidden: int, num_experts: int
         router += num_experts  # router bias / e_score_correction_bias
     shared = 0
     if f.get("n_shared_experts"):
-        shared = gated_mlp_params(hidden, expert_size * int(f.get("n_shared_experts")))
+        shared = gated_mlp_params(hidden, expert_size * f.count("n_shared_experts", default=0, minimum=0))
     elif f.get("shared_expert_intermediate_size"):
-        shared = gated_mlp_params(hidden, int(f.get("shared_expert_intermediate_size"))) + hidden
+        shared = gated_mlp_params(hidden, f.count("shared_expert_intermediate_size", default=0, minimum=0)) + hidden
     return routed, shared + router
 
 
@@ -288,10 +304,10 @@ def from_hf_config(cfg: dict, *, id: str, name: str | None = None, hf_id: str | 
     layers, hidden, heads = f.need("num_hidden_layers"), f.need("hidden_size"), f.need("num_attention_heads")
     vocab, max_context = f.need("vocab_size"), f.need("max_position_embeddings")
     intermediate = f.need("intermediate_size")
-    kv_heads = int(f.get("num_key_value_heads", default=heads))
+    kv_heads = f.count("num_key_value_heads", default=heads)
     tied = bool(f.get("tie_word_embeddings", default=text_type in _TIED_BY_DEFAULT_TYPES))
-    num_experts = int(f.get("num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
-    experts_per_token = int(f.get("num_experts_per_tok", "experts_per_token", default=0) or 0) if num_experts else 0
+    num_experts = f.count("num_local_experts", "num_experts", "n_routed_experts", default=0, minimum=0)
+    experts_per_token = f.count("num_experts_per_tok", "experts_per_token", default=0, minimum=0) if num_experts else 0
     if num_experts and not experts_per_token:
         raise BenchcalError(f"config.json at {source} is missing field 'num_experts_per_tok'")
 
@@ -304,7 +320,7 @@ def from_hf_config(cfg: dict, *, id: str, name: str | None = None, hf_id: str | 
         kv_per_layer = kv_lora + rope
         flops_per_layer = 2 * heads * head_dim + 2 * heads * v_dim
     else:
-        head_dim = int(f.get("head_dim", default=hidden // heads))
+        head_dim = f.count("head_dim", default=hidden // heads)
         bias = bool(f.get("attention_bias", default=False))
         attn = gqa_attention_params(
             hidden, heads, kv_heads, head_dim, qkv_bias=bias or text_type in _QKV_BIAS_TYPES, o_bias=bias,
@@ -328,7 +344,7 @@ def from_hf_config(cfg: dict, *, id: str, name: str | None = None, hf_id: str | 
 
     sliding = _sliding_layers(f, text_type, layers)
     n_window = sum(sliding)
-    window = int(f.get("sliding_window")) if n_window else None
+    window = f.count("sliding_window") if n_window else None
     return ModelArch(
         id=id, name=name or id, hf_id=hf_id, source=source, architecture=model_type,
         num_layers=layers, hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads,
@@ -364,6 +380,8 @@ def read_config_json(path: Path) -> dict:
         raise BenchcalError(f"cannot read config.json at {path}: {exc.strerror or exc}") from exc
     except json.JSONDecodeError as exc:
         raise BenchcalError(f"config.json at {path} is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+    except UnicodeDecodeError:
+        raise BenchcalError(f"config.json at {path} is not a text file (not UTF-8)") from None
     if not isinstance(data, dict):
         raise BenchcalError(f"config.json at {path} is not a JSON object")
     return data

@@ -234,9 +234,11 @@ def load_coefficients(path: str | Path | None) -> Coefficients:
     if not p.is_file():
         raise BenchcalError(f"coefficients file not found: {p}")
     try:
-        table = json.loads(p.read_text())
+        table = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise BenchcalError(f"coefficients file {p} is not valid JSON: {exc}") from None
+    except UnicodeDecodeError:
+        raise BenchcalError(f"coefficients file {p} is not a text file (not UTF-8)") from None
     if not isinstance(table, dict) or not isinstance(table.get("engines"), dict):
         raise BenchcalError(f"coefficients file {p} has no 'engines' table")
     return Coefficients(table, str(p))

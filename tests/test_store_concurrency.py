@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-from pathlib import Path
 
 from harness import records
 

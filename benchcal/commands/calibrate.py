@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchcal.argtypes import non_negative_int
+from benchcal.argtypes import non_negative_int, output_dir, output_file
 from benchcal.reports.render import FORMATS
 from predictor.errors import BenchcalError, positive
 
@@ -207,7 +207,7 @@ def register(sub) -> None:
                        "$BENCHCAL_HOME/calibration, which predict then uses for your devices\n"
                        "  benchcal calibrate --runs-dir runs --out calibration   # refit the shipped table")
     p.add_argument("--runs-dir", action="append", default=None, help=runs_help)
-    p.add_argument("--out", default=None, help="output directory (default: $BENCHCAL_HOME/calibration; the shipped "
+    p.add_argument("--out", type=output_dir, default=None, help="output directory (default: $BENCHCAL_HOME/calibration; the shipped "
                    "calibration/ only when named, as make refit does)")
     p.add_argument("--prior", default="auto", help="table the fit starts from and falls back to: auto (the shipped "
                    "table, or none when fitting the shipped runs), shipped, none, or a coefficients.json")
@@ -220,7 +220,7 @@ def register(sub) -> None:
     p.add_argument("--coefficients", default=None, help="coefficients.json (default: the shipped "
                    "calibration/coefficients.json with your own fit's devices over it; 'defaults' for engine defaults)")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
-    p.add_argument("--output", "-o", default=None, help="write to FILE instead of stdout")
+    p.add_argument("--output", "-o", type=output_file, default=None, help="write to FILE instead of stdout")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("check", help="accuracy gate: exit 1 when an error exceeds its threshold or the baseline",

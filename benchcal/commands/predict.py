@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from benchcal.argtypes import fraction, non_negative_float, positive_float, positive_int, share
+from benchcal.argtypes import fraction, non_negative_float, output_file, positive_float, positive_int, share
 from benchcal.reports.predictions import (
     add_load_section,
     catalogue_devices_report,
@@ -48,7 +48,7 @@ def _add_common(p: argparse.ArgumentParser, *, gpu: bool = True, quant: bool = T
     p.add_argument("--cpu-tflops", type=positive_float, default=None, help="host matmul rate, TFLOPS (default: measured with "
                    "llama.cpp's F16 kernels)")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
-    p.add_argument("--output", "-o", default=None, help="write to FILE instead of stdout")
+    p.add_argument("--output", "-o", type=output_file, default=None, help="write to FILE instead of stdout")
 
 
 def _table(args) -> Coefficients:
@@ -224,11 +224,11 @@ def register(sub) -> None:
     p = sub.add_parser("models", help="list the model catalogue", formatter_class=RAW,
                        epilog="example:\n  benchcal models --format md")
     p.add_argument("--format", choices=FORMATS, default="table")
-    p.add_argument("--output", "-o", default=None)
+    p.add_argument("--output", "-o", type=output_file, default=None)
     p.set_defaults(func=cmd_models)
 
     p = sub.add_parser("gpus", help="list the device catalogue", formatter_class=RAW,
                        epilog="example:\n  benchcal gpus --format json")
     p.add_argument("--format", choices=FORMATS, default="table")
-    p.add_argument("--output", "-o", default=None)
+    p.add_argument("--output", "-o", type=output_file, default=None)
     p.set_defaults(func=cmd_gpus)

@@ -36,6 +36,15 @@ class LlamaCppSetup(EngineSetup):
             elif int(explicit) >= 0 and fraction == 0:
                 layers = self.arch(cfg).num_layers
                 cfg["offload_fraction"] = round(1.0 - min(int(explicit), layers) / layers, 4)
+        from harness import synthetic
+        from harness.engines.llama_cpp.engine import KV_TYPES
+
+        if cfg.get("quant") and str(cfg.get("weights") or "synthetic") == "synthetic":
+            synthetic.normalize_file_type(str(cfg["quant"]))  # a format llama-quantize can write
+        kv = str(cfg.get("kv_dtype") or "f16").lower()
+        if kv not in KV_TYPES:
+            raise BenchcalError(f"KV cache dtype {cfg.get('kv_dtype')!r} is not one llama.cpp has "
+                                f"(choose from: {', '.join(KV_TYPES)})")
         options.setdefault("flash_attn", False)
         options.setdefault("n_batch", 512)
         options.setdefault("n_ubatch", 512)
