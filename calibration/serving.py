@@ -74,13 +74,12 @@ def _unit(name: str) -> dict[str, float]:
 
 def fit_overheads(levels: list[Mapping[str, Any]]) -> dict[str, float]:
     """Non-negative :data:`PARAMETERS` minimizing the relative errors of the measured TTFT, TPOT and E2EL (p50).
-    The figures are linear in them (``serving_figures``), so each column is a figure at a unit value. A server
-    that runs one request at a time cannot tell a per-request overhead from a longer prefill (both come once before
-    the first token) nor a per-sequence from a per-step overhead (one sequence per step): there
-    ``request_overhead_ms`` and ``seq_overhead_ms`` stay 0, the prefill scale and step overhead carrying them."""
+    The figures are linear in them within a regime (``serving_figures``), so each column is a figure at a unit
+    value. A server that runs one request at a time cannot tell a per-sequence from a per-step overhead (one
+    sequence per step): there ``seq_overhead_ms`` stays 0."""
     zero = {p: 0.0 for p in PARAMETERS}
     serial = all(level["mode"] == "serial" for level in levels)
-    free = [p for p in PARAMETERS if not (serial and p in ("seq_overhead_ms", "request_overhead_ms"))]
+    free = [p for p in PARAMETERS if not (serial and p == "seq_overhead_ms")]
     rows, rhs = [], []
     for level in levels:
         base = _figures(level, zero)

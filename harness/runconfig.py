@@ -110,6 +110,8 @@ def check_model(cfg: Mapping[str, Any], setup: Any) -> None:
     weights = str(cfg.get("weights") or "synthetic")
     if weights not in ("synthetic", "hub") and not Path(weights).expanduser().exists():
         raise BenchcalError(f"weights file {weights} does not exist")
+    if weights not in ("synthetic", "hub") and Path(weights).expanduser().is_dir():
+        return  # a model directory: the engine reads its config itself, the catalogue need not know it
     arch = setup.arch(cfg)
     if int(cfg["context"]) > int(arch.max_context):
         raise BenchcalError(f"context {cfg['context']} is above {arch.id}'s maximum of {arch.max_context} tokens")

@@ -10,10 +10,12 @@ prompt path against the harness's), ``step_overhead_ms`` per decode step (schedu
 ``seq_overhead_ms`` per sequence per step (sampling, detokenizing, one event per sequence) and
 ``request_overhead_ms`` per request (HTTP, tokenizing, bookkeeping).
 
-- **One request at a time** (llama-cpp-python's server: one ``Llama``, requests served in turn). A request's
-  service time is ``S = k prefill_s + (n - 1) (step(1) + o_step) + o_req``; in a closed loop of c clients each
-  request waits for the c - 1 ahead of it: end-to-end ``c S``, TTFT ``(c - 1) S + k prefill_s + o_req``, TPOT
-  ``step(1) + o_step``, ``1 / S`` requests per second whatever c (``seq_overhead_ms`` is ``o_step`` here).
+- **One request at a time** (llama-cpp-python's server: one ``Llama``, requests served in turn). The engine's
+  service time for a request is ``S = k prefill_s + (n - 1) (step(1) + o_step)``; the request's own overhead
+  ``o_req`` (HTTP, tokenizing, the client) runs outside it. Alone (c = 1) a request takes ``S + o_req``; in a
+  closed loop of c clients the overheads overlap the others' service and each request waits for the c - 1 ahead
+  of it: end-to-end ``max(c S, S + o_req)``, TTFT that minus (n - 1) TPOT, TPOT ``step(1) + o_step``, ``c /
+  end-to-end`` requests per second (``seq_overhead_ms`` is ``o_step`` here: one sequence per step).
 - **Continuous batching** (vLLM). With equal requests in a closed loop the c requests move in step: they arrive
   together, their prompts are prefilled in one step, then B = min(c, max_num_seqs) sequences decode together:
   TTFT ``c k prefill_s + o_step + o_req``, TPOT ``step(B) + o_step + B o_seq``, end-to-end TTFT + (n - 1) TPOT, and
@@ -46,8 +48,11 @@ def serving_figures(mode: str, concurrency: int, output_tokens: int, prefill_s: 
     prefill = prefill_scale * prefill_s
     if mode == "serial":
         tpot = step1_s + o_step
-        service = prefill + (n - 1) * tpot + o_req
-        e2e, ttft = c * service, (c - 1) * service + prefill + o_req
+        service = prefill + (n - 1) * tpot
+        # the request's own overhead runs outside the engine: alone it adds to each request; with others
+        # waiting it overlaps their service, and the engine, never idle, sets the pace
+        e2e = max(c * service, service + o_req)
+        ttft = e2e - (n - 1) * tpot
     elif mode == "continuous":
         batch = min(c, int(max_num_seqs or c))
         ttft = c * prefill + o_step + o_req

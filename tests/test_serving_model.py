@@ -18,6 +18,10 @@ def test_one_request_at_a_time_gives_the_same_throughput_at_any_concurrency():
     assert one["e2el_ms"] == pytest.approx(1000 * service) and four["e2el_ms"] == pytest.approx(4000 * service)
     assert four["output_tok_s"] == pytest.approx(one["output_tok_s"]) == pytest.approx(65 / service)
     assert four["ttft_ms"] == pytest.approx(1000 * (3 * service + 0.04)) and four["tpot_ms"] == pytest.approx(5.0)
+    # a request's own overhead adds to it alone, and hides behind the others' service under load
+    alone = serving_figures("serial", 1, 65, 0.04, 0.005, 0.005, request_overhead_ms=30.0)
+    loaded = serving_figures("serial", 4, 65, 0.04, 0.005, 0.005, request_overhead_ms=30.0)
+    assert alone["e2el_ms"] == pytest.approx(1000 * service + 30.0) and loaded["e2el_ms"] == pytest.approx(4000 * service)
 
 
 def test_continuous_batching_shares_each_step_between_the_sequences_in_flight():
@@ -35,9 +39,9 @@ def test_continuous_batching_shares_each_step_between_the_sequences_in_flight():
 
 @pytest.mark.parametrize("mode", ["serial", "continuous"])
 def test_the_fit_recovers_the_server_terms_that_made_the_figures(mode):
-    serial = mode == "serial"  # one request at a time: per-request and per-sequence terms are not identifiable
+    serial = mode == "serial"  # one request at a time: a per-sequence term is a per-step term
     truth = {"prefill_scale": 1.3, "step_overhead_ms": 2.0, "seq_overhead_ms": 0.0 if serial else 1.5,
-             "request_overhead_ms": 0.0 if serial else 7.0}
+             "request_overhead_ms": 7.0}
     levels = []
     for c in (1, 2, 4, 8):
         times = {"prefill_s": 0.03, "step1_s": 0.004, "step_s": 0.004 + 0.0002 * c}
