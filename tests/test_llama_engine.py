@@ -77,8 +77,11 @@ def test_no_engine_process_is_left_after_a_run(full_run):
 
 
 def test_impossible_context_is_recorded_as_oom(cache, tmp_path):
+    # a synthetic model whose maximum context is raised to 4M tokens: the configuration is valid, its KV cache
+    # cannot be allocated
     cfg = {"model": "smollm2-135m", "quant": "Q4_0", "context": 4_000_000, "prompt_tokens": [16], "gen_tokens": 4,
-           "reps": 1, "warmup": 0, "arch_overrides": {"vocab_size": 4096}, "engine_options": {"threads": 1}}
+           "reps": 1, "warmup": 0, "arch_overrides": {"vocab_size": 4096, "max_context": 4_000_000},
+           "engine_options": {"threads": 1}}
     outcome = protocol.run_config(cfg, tmp_path)
     assert outcome.record["status"] == "oom"
     assert "allocate" in outcome.record["reason"]

@@ -96,19 +96,22 @@ async def stream_request(session: Any, url: str, payload: Mapping[str, Any], tim
                 body = (await response.text())[:200].replace("\n", " ")
                 result.error = f"HTTP {response.status}: {body}"
                 return
-            async for raw in response.content:
+            pending = b""
+            async for chunk in response.content.iter_any():  # every event in a chunk arrived with it
                 now = time.perf_counter()
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                event = json.loads(data)
-                if event.get("usage"):
-                    usage = event["usage"]
-                if event.get("choices"):
-                    events.append((now, event))
+                *lines, pending = (pending + chunk).split(b"\n")
+                for raw in lines:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        return
+                    event = json.loads(data)
+                    if event.get("usage"):
+                        usage = event["usage"]
+                    if event.get("choices"):
+                        events.append((now, event))
 
     try:
         await asyncio.wait_for(consume(), timeout_s)
