@@ -13,9 +13,16 @@ import numpy as np
 from predictor.architecture import ModelArch
 from predictor.coefficients import COEFFICIENT_NAMES, Coefficients
 from predictor.devices import Device
+from predictor.engines import traits
 from predictor.estimate import evaluate
-from predictor.quants import QuantFormat
-from predictor.scenario import DEFAULT_HOST_BANDWIDTH_GBS, DEFAULT_PROMPT_TOKENS, device_kwargs
+from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype
+from predictor.scenario import (
+    DEFAULT_HOST_BANDWIDTH_GBS,
+    DEFAULT_PROMPT_TOKENS,
+    Scenario,
+    device_kwargs,
+    scenario_arch,
+)
 from predictor.weights import cpu_kernel_kwargs, format_bits, known_weights_bytes
 
 
@@ -24,6 +31,28 @@ def coefficient_arrays(table: Coefficients, engine: str, devices: Sequence[Devic
     fitted for the device's kind, as ``predict`` by default)."""
     sets = [table.lookup(engine, d.id, d.family, table.newest_era(engine, d.kind), d.kind, d) for d in devices]
     return {name: np.array([s.values[name] for s in sets], dtype=float) for name in COEFFICIENT_NAMES}
+
+
+def sweep_scenario(
+    base: Scenario,
+    devices: Sequence[Device],
+    quants: Sequence[QuantFormat],
+    contexts: Sequence[int],
+    batches: Sequence[int] = (1,),
+    *,
+    table: Coefficients | None = None,
+    with_max_context: bool = True,
+) -> dict[str, np.ndarray]:
+    """:func:`sweep` over the axes (devices, quants, contexts, batches), every other input from ``base``: its model,
+    engine, KV dtype, device count, prompt, flash attention, micro-batch and host bandwidth (its own device, quant,
+    context and batch are the axes')."""
+    engine = normalize_engine(base.engine)
+    kv = resolve_kv_dtype(base.kv_dtype or traits(engine).default_kv_dtype, engine)
+    return sweep(scenario_arch(base), engine, devices, quants, contexts, batches, table=table,
+                 kv_bytes_per_element=kv.bytes_per_element, device_count=base.device_count,
+                 prompt_tokens=base.prompt_tokens, flash_attn=base.flash_attn, n_ubatch=base.n_ubatch,
+                 host_bandwidth_gbs=base.host_bandwidth_gbs or DEFAULT_HOST_BANDWIDTH_GBS,
+                 with_max_context=with_max_context)
 
 
 def sweep(

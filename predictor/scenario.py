@@ -43,7 +43,7 @@ class Scenario:
     average width)."""
 
     model: str | ModelArch
-    device: str | Device
+    device: str | Device | None = None  # None: a grid's base, whose devices are its axis
     engine: str = "llama.cpp"
     quant: str | None = None
     context: int = DEFAULT_CONTEXT
@@ -132,6 +132,8 @@ def scenario_arch(s: Scenario) -> ModelArch:
 
 
 def scenario_device(s: Scenario) -> Device:
+    if s.device is None:
+        raise BenchcalError("a prediction needs a device")
     return s.device if isinstance(s.device, Device) else resolve_device(s.device)
 
 

@@ -50,3 +50,22 @@ def test_the_inputs_a_prediction_uses_are_the_inputs_the_calibration_fits_agains
     for key in ("bits_per_weight", "exact_weights_bytes", "kv_bytes_per_element", "bandwidth_gbs", "tflops",
                 "memory_gib", "host_bandwidth_gbs", "host_memory_gib", "cpu_repack", "n_ubatch", "context"):
         assert fitted[key] == pytest.approx(predicted[key], nan_ok=True), key
+
+
+def test_the_grid_takes_a_scenario_whose_device_quant_context_and_batch_are_its_axes():
+    from predictor.devices import resolve_device
+    from predictor.grid import sweep, sweep_scenario
+    from predictor.models import resolve_model
+    from predictor.quants import resolve_quant
+
+    arch, devices = resolve_model("llama-3-8b"), [resolve_device("rtx-4090"), resolve_device("l4")]
+    quants = [resolve_quant("Q4_K_M", "llama.cpp"), resolve_quant("Q8_0", "llama.cpp")]
+    base = Scenario(arch, kv_dtype="q8_0", prompt_tokens=1024, flash_attn=False, n_ubatch=256)
+    by_scenario = sweep_scenario(base, devices, quants, [4096, 8192], [1, 4])
+    direct = sweep(arch, "llama.cpp", devices, quants, [4096, 8192], [1, 4], kv_bytes_per_element=34 / 32,
+                   prompt_tokens=1024, flash_attn=False, n_ubatch=256)
+    for key in ("decode_tok_s", "total_bytes", "ttft_s"):
+        assert (by_scenario[key] == direct[key]).all(), key
+    # one point of the grid is the prediction of that scenario
+    one = predict_scenario(base.replace(device=devices[1], quant="Q8_0", context=8192, batch=4), None)
+    assert one.values["decode_tok_s"] == pytest.approx(float(by_scenario["decode_tok_s"][1, 1, 1, 1]), rel=1e-9)

@@ -17,9 +17,10 @@ from predictor.coefficients import Coefficients
 from predictor.devices import Device, load_devices
 from predictor.engines import traits
 from predictor.estimate import GIB, VERDICTS, Estimate, predict
-from predictor.grid import sweep
+from predictor.grid import sweep_scenario
 from predictor.quants import QuantFormat, quant_formats, resolve_kv_dtype, resolve_quant
 from predictor.registry import REGISTRY
+from predictor.scenario import Scenario
 from predictor.weights import (
     WEIGHTS_FROM_WIDTH,
     format_bits,
@@ -157,8 +158,8 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
     kv = resolve_kv_dtype(kv_dtype or traits(engine).default_kv_dtype, engine)
     devs = [d for d in (devices or load_devices()) if engine in d.engines and d.kind != "cpu"]
     require_bits(q, known_weights_bytes(arch, q, engine)[0])
-    r = sweep(arch, engine, devs, [q], [context], [batch], table=table, kv_bytes_per_element=kv.bytes_per_element,
-              prompt_tokens=prompt_tokens)
+    base = Scenario(arch, engine=engine, kv_dtype=kv.id, prompt_tokens=prompt_tokens)
+    r = sweep_scenario(base, devs, [q], [context], [batch], table=table)
     order = np.lexsort((-r["decode_tok_s"][:, 0, 0, 0], r["verdict"][:, 0, 0, 0]))
     rows = []
     for i in order:
@@ -186,9 +187,8 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
     top = [i for i in order if r["verdict"][i, 0, 0, 0] <= 1][:6]
     if top:
         ctxs = contexts_for(arch)
-        scale = sweep(arch, engine, [devs[i] for i in top], [q], ctxs, [batch], table=table,
-                      kv_bytes_per_element=kv.bytes_per_element, prompt_tokens=max(ctxs),  # decode at a full context
-                      with_max_context=False)
+        scale = sweep_scenario(base.replace(prompt_tokens=max(ctxs)),  # decode at a full context
+                               [devs[i] for i in top], [q], ctxs, [batch], table=table, with_max_context=False)
         rep.charts.append(Chart(f"Decode speed at a full context ({q.id}, batch {batch})", "context (tokens)", "tok/s", {
             devs[i].name: (ctxs, [round(float(x), 2) if v <= 1 else float("nan")
                                   for x, v in zip(scale["decode_tok_s"][k, 0, :, 0], scale["verdict"][k, 0, :, 0])])
@@ -212,8 +212,8 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
     quants.sort(key=lambda qf: -(known[qf.id][0] or mem.weights_bytes(arch, *format_bits(arch, qf, engine))))  # widest first
     ctxs = list(contexts or contexts_for(arch))
     kv = resolve_kv_dtype(kv_dtype or traits(engine).default_kv_dtype, engine)
-    r = sweep(arch, engine, [device], quants, ctxs, [1], table=table, kv_bytes_per_element=kv.bytes_per_element,
-              device_count=device_count)
+    r = sweep_scenario(Scenario(arch, engine=engine, kv_dtype=kv.id, device_count=device_count), [device], quants,
+                       ctxs, [1], table=table)
     rows = []
     for j, qf in enumerate(quants):
         weights = float(r["weights_total_bytes"][0, j, 0, 0])
@@ -290,8 +290,8 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
         pool = devs if n == 1 else [d for d in devs if d.kind == "gpu"]
         if not pool:
             continue
-        r = sweep(arch, engine, pool, [q], [context], [1], table=table, device_count=n, prompt_tokens=prompt_tokens,
-                  with_max_context=False)
+        r = sweep_scenario(Scenario(arch, engine=engine, device_count=n, prompt_tokens=prompt_tokens),
+                           pool, [q], [context], [1], table=table, with_max_context=False)
         for i, d in enumerate(pool):
             v = {k: float(a[i, 0, 0, 0]) for k, a in r.items()}
             known = bool(np.isfinite(v["decode_tok_s"]))  # no bandwidth in the catalogue: decode unknown
@@ -351,8 +351,8 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
         if pick is None or label == "Fastest":
             continue
         d, n = pick[0], pick[1]
-        s_ = sweep(arch, engine, [d], [q], ctxs, [1], table=table, device_count=n, prompt_tokens=max(ctxs),
-                   with_max_context=False)  # decode at a full context
+        s_ = sweep_scenario(Scenario(arch, engine=engine, device_count=n, prompt_tokens=max(ctxs)),
+                            [d], [q], ctxs, [1], table=table, with_max_context=False)  # decode at a full context
         name = f"{n}x {d.name}" if n > 1 else d.name
         series[f"{label}: {name}"] = (ctxs, [round(float(x), 2) if v <= 1 else float("nan")
                                              for x, v in zip(s_["decode_tok_s"][0, 0, :, 0], s_["verdict"][0, 0, :, 0])])
