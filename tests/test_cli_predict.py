@@ -152,3 +152,23 @@ def test_recommend_never_picks_a_device_whose_decode_is_unknown():
             assert pick["decode_tok_s"] is not None and math.isfinite(pick["decode_tok_s"]), (min_decode, pick)
             assert pick["decode_tok_s"] >= min_decode
     assert recommend_report(arch, 8192, min_decode=500.0).data["picks"] == []
+
+
+def test_leaderboard_matrix_and_gpus_json_hold_numbers_not_display_strings(capsys):
+    from benchcal.cli import main
+
+    assert main(["leaderboard", "--model", "qwen2.5-72b", "--quant", "Q4_K_M", "--ctx", "32768", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    fits = next(r for r in rows if r["status"] == "fits")
+    assert isinstance(fits["total_gib"], float) and isinstance(fits["usable_gib"], float)
+    assert isinstance(fits["decode_tok_s"], float) and isinstance(fits["max_context"], int)
+    assert all(r["price_usd"] is None or isinstance(r["price_usd"], float) for r in rows)
+    assert all(r["decode_tok_s"] is None for r in rows if r["status"] == "does not fit")
+    assert main(["matrix", "--model", "llama-3-8b", "--gpu", "rtx-4090", "--format", "json"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    cell = row["cells"][0]
+    assert isinstance(row["weights_gib"], float) and cell["verdict"] in ("fits", "tight", "needs offload", "does not fit")
+    assert isinstance(cell["total_gib"], float) and isinstance(cell["kv_cache_gib"], float)
+    assert main(["gpus", "--format", "json"]) == 0
+    device = json.loads(capsys.readouterr().out)[0]
+    assert isinstance(device["memory_gib"], float) and "price" not in device

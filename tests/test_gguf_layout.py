@@ -136,9 +136,9 @@ def test_the_quant_matrix_lists_each_file_at_its_own_width_widest_first():
 
     rep = matrix_report(resolve_model("qwen2.5-72b"), resolve_device("h200"), contexts=[4096], table=None)
     rows = rep.data["rows"]
-    weights = [row[2] for row in rows]
+    weights = [row["weights_gib"] for row in rows]
     assert weights == sorted(weights, reverse=True)
-    bits = {row[0]: row[1] for row in rows}
+    bits = {row["quant"]: row["bits_per_weight"] for row in rows}
     assert bits["Q4_K_M"] == pytest.approx(5.217, abs=0.002)  # the file's own average, not the format's 4.89
     assert bits["Q3_K_M"] < bits["IQ4_XS"] < bits["Q4_K_M"]
 

@@ -161,12 +161,20 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
     base = Scenario(arch, engine=engine, kv_dtype=kv.id, prompt_tokens=prompt_tokens)
     r = sweep_scenario(base, devs, [q], [context], [batch], table=table)
     order = np.lexsort((-r["decode_tok_s"][:, 0, 0, 0], r["verdict"][:, 0, 0, 0]))
-    rows = []
+    rows, data_rows = [], []
     for i in order:
         v = {k: float(a[i, 0, 0, 0]) for k, a in r.items()}
         ok = v["verdict"] <= 2
         status = VERDICTS[int(v["verdict"])]
         runs = v["verdict"] <= 1
+        data_rows.append({
+            "device": devs[i].id, "name": devs[i].name, "status": status,
+            "total_gib": _finite(v["total_bytes"] / GIB, 3), "usable_gib": _finite(v["usable_bytes"] / GIB, 3),
+            "decode_tok_s": _finite(v["decode_tok_s"], 2) if runs else None,
+            "ttft_s": _finite(v["ttft_s"], 4) if runs else None,
+            "max_context": int(v["max_context"]) if v["max_context"] > 0 else None,
+            "price_usd": devs[i].price_usd, "cloud_usd_per_hour": devs[i].cloud_usd_per_hour,
+        })
         rows.append([
             devs[i].name, status, f"{_gib(v['total_bytes']):.1f} / {_gib(v['usable_bytes']):.1f}",
             _rounded(v["decode_tok_s"], 1) if runs else ("offload" if ok else "—"),
@@ -177,9 +185,7 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
     rep = Report(
         title=f"Hardware leaderboard — {arch.name}, {q.id}, {context:,} context, {engine}",
         subtitle=f"{len(devs)} devices; decode at batch {batch}, TTFT for a {prompt_tokens:,}-token prompt.",
-        data={"model": arch.id, "quant": q.id, "context": context, "engine": engine, "rows": [
-            dict(zip(["device", "status", "total_over_usable_gib", "decode_tok_s", "ttft_s", "max_context", "price"], r_))
-            for r_ in rows]},
+        data={"model": arch.id, "quant": q.id, "context": context, "engine": engine, "rows": data_rows},
     )
     rep.add("Devices", "table", rows, ["Hardware", "Status", "Total / usable GiB", "Decode tok/s", "TTFT s",
                                        "Max safe ctx", "Price"])
@@ -214,21 +220,28 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
     kv = resolve_kv_dtype(kv_dtype or traits(engine).default_kv_dtype, engine)
     r = sweep_scenario(Scenario(arch, engine=engine, kv_dtype=kv.id, device_count=device_count), [device], quants,
                        ctxs, [1], table=table)
-    rows = []
+    rows, data_rows = [], []
     for j, qf in enumerate(quants):
         weights = float(r["weights_total_bytes"][0, j, 0, 0])
-        row = [qf.id, weights_bits_per_weight(arch, qf, weights, known[qf.id][1]), _gib(weights)]
+        bits = weights_bits_per_weight(arch, qf, weights, known[qf.id][1])
+        row = [qf.id, bits, _gib(weights)]
+        cells = []
         for k in range(len(ctxs)):
             v = {name: float(a[0, j, k, 0]) for name, a in r.items()}
             speed = f", {v['decode_tok_s']:.1f} tok/s" if v["verdict"] <= 1 else ""
             row.append(f"{_gib(v['total_bytes']):.1f} GiB {VERDICTS[int(v['verdict'])]}{speed}")
+            cells.append({"context": int(ctxs[k]), "total_gib": _finite(v["total_bytes"] / GIB, 3),
+                          "kv_cache_gib": _finite(v["kv_cache_bytes"] / GIB, 3), "verdict": VERDICTS[int(v["verdict"])],
+                          "decode_tok_s": _finite(v["decode_tok_s"], 2) if v["verdict"] <= 1 else None})
         rows.append(row)
+        data_rows.append({"quant": qf.id, "bits_per_weight": bits, "weights_gib": _finite(weights / GIB, 3),
+                          "cells": cells})
     usable = _gib(r["usable_bytes"][0, 0, 0, 0])
     rep = Report(
         title=f"Quantization x context — {arch.name} on {device.name} ({engine})",
         subtitle=f"Usable device memory {usable:.2f} GiB; KV cache {kv.id}; batch 1.",
         data={"model": arch.id, "gpu": device.id, "engine": engine, "usable_gib": usable,
-              "contexts": ctxs, "rows": rows},
+              "contexts": ctxs, "rows": data_rows},
     )
     rep.add("Matrix", "table", rows, ["Quant", "Bits/weight", "Weights GiB", *[_ctx_label(c) for c in ctxs]])
     # Launch commands for the widest format that fits at the first context.
@@ -260,9 +273,10 @@ def catalogue_devices_report(devices: Sequence[Device]) -> Report:
     rows = [[d.id, d.name, d.kind, round(d.memory_gib, 1), d.memory_type, d.bandwidth_gbs, d.fp16_tflops,
              d.architecture, f"${d.price_usd:,.0f}" if d.price_usd else "—",
              f"${d.cloud_usd_per_hour}/h" if d.cloud_usd_per_hour else "—"] for d in devices]
-    rep = Report(title=f"Devices ({len(rows)})", data=[dict(zip(
-        ["id", "name", "kind", "memory_gib", "memory_type", "bandwidth_gbs", "fp16_tflops", "architecture",
-         "price", "cloud_price"], r)) for r in rows])
+    rep = Report(title=f"Devices ({len(rows)})", data=[
+        {"id": d.id, "name": d.name, "kind": d.kind, "memory_gib": round(d.memory_gib, 3), "memory_type": d.memory_type,
+         "bandwidth_gbs": d.bandwidth_gbs, "fp16_tflops": d.fp16_tflops, "architecture": d.architecture,
+         "price_usd": d.price_usd, "cloud_usd_per_hour": d.cloud_usd_per_hour} for d in devices])
     rep.add("Catalogue", "table", rows, ["Id", "Name", "Kind", "GiB", "Memory", "GB/s", "FP16 TFLOPS", "Arch",
                                          "Price", "Cloud"])
     return rep
@@ -360,6 +374,11 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
         rep.charts.append(Chart(f"Decode speed at a full context ({q.id})", "context (tokens)", "tok/s", series))
     rep.add("Launch commands", "code", commands)
     return rep
+
+
+def _finite(x: float, nd: int) -> float | None:
+    """A figure for the JSON: rounded, or null where the catalogue cannot give it (NaN)."""
+    return round(float(x), nd) if np.isfinite(x) else None
 
 
 def add_load_section(rep: Report, load: dict) -> None:
