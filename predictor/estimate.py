@@ -69,6 +69,8 @@ def evaluate(
     host_bandwidth_gbs=DEFAULT_HOST_BANDWIDTH_GBS,
     host_memory_gib=DEFAULT_HOST_MEMORY_GIB,
     enforce_eager=False,
+    max_batched_tokens=mem.VLLM_MAX_BATCHED_TOKENS,
+    max_num_seqs=mem.VLLM_MAX_NUM_SEQS,
     cpu_repack=0.0,
     cpu_repack_weights=None,
     cpu_float_weights=0.0,
@@ -123,7 +125,8 @@ def evaluate(
     kv_host_share = frac if et.layer_offload else 0.0  # llama.cpp keeps KV with its layer
     dev_kv = kv_total * (1.0 - kv_host_share)
     eager = np.logical_or(np.asarray(enforce_eager, bool), kind == "cpu")
-    runtime = mem.runtime_bytes(arch, engine, coeffs, context, n_ubatch, flash_attn, batch, eager) * n_dev
+    budget = (max_batched_tokens, max_num_seqs)  # vLLM's batch budget (its profile run's size)
+    runtime = mem.runtime_bytes(arch, engine, coeffs, context, n_ubatch, flash_attn, batch, eager, *budget) * n_dev
     total = resident_w + dev_kv + runtime
     usable = mem.usable_device_bytes(memory_gib, usable_gib, kind, coeffs["reserve_gib"]) * n_dev
     util = total / usable
@@ -226,17 +229,18 @@ def evaluate(
     result["max_gpu_layers"] = np.where(on_gpu, ngl, L + 1)
     if with_max_context:
         result["max_context"] = _max_context(arch, engine, coeffs, usable, resident_w, frac, n_dev,
-                                             kv_bytes_per_element, batch, n_ubatch, flash_attn, eager)
+                                             kv_bytes_per_element, batch, n_ubatch, flash_attn, eager, budget)
     return result
 
 
-def _max_context(arch, engine, coeffs, usable, dev_w, frac, n_dev, kv_bpe, batch, n_ubatch, flash_attn, eager):
+def _max_context(arch, engine, coeffs, usable, dev_w, frac, n_dev, kv_bpe, batch, n_ubatch, flash_attn, eager,
+                 budget=(mem.VLLM_MAX_BATCHED_TOKENS, mem.VLLM_MAX_NUM_SEQS)):
     """Largest context (multiple of 256, up to the model's maximum) whose total stays "fits"."""
     kv_share = frac if traits(engine).layer_offload else 0.0
 
     def total_at(ctx):
         kv = mem.kv_cache_bytes(arch, ctx, batch, kv_bpe, engine) * (1.0 - kv_share)
-        rt = mem.runtime_bytes(arch, engine, coeffs, ctx, n_ubatch, flash_attn, batch, eager) * n_dev
+        rt = mem.runtime_bytes(arch, engine, coeffs, ctx, n_ubatch, flash_attn, batch, eager, *budget) * n_dev
         return dev_w + kv + rt
 
     limit = usable * TIGHT_UTILIZATION
@@ -346,7 +350,7 @@ def predict_scenario(
         weights_source=inputs.weights_source, host_bandwidth_gbs=host_bw, throughput_offload_fraction=throughput_offload,
         era=era_description(eng, dev.kind, era, engine_build, cset),
     )
-    est.serving = kv_pool(est, s.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION)
+    est.serving = kv_pool(est, s.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION, s.max_num_seqs)
     if launch:
         est.launch = launch_commands(est, predict)
     return est

@@ -91,6 +91,7 @@ def predict_load(scenario: Scenario, concurrency: int, output_tokens: int, *, co
     """The module's figures for ``scenario`` at ``concurrency`` requests in flight, with a serving fit's values
     (``overheads``: the keys of :data:`OVERHEADS` and ``source``) or the neutral ones (uncalibrated)."""
     fit = {**OVERHEADS, **{k: v for k, v in (overheads or {}).items() if k in OVERHEADS and v is not None}}
+    max_num_seqs = max_num_seqs or scenario.max_num_seqs
     times = step_times(scenario, concurrency, output_tokens, coefficients, max_num_seqs)
     mode = serving_mode(str(scenario.engine))
     figures = serving_figures(mode, concurrency, output_tokens, times["prefill_s"], times["step1_s"], times["step_s"],

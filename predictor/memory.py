@@ -14,6 +14,7 @@ from predictor.engines import traits
 
 GIB = float(2**30)
 VLLM_MAX_BATCHED_TOKENS = 8192  # vLLM V1 offline default for max_num_batched_tokens on GPUs
+VLLM_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs: the profile run samples this many rows
 F32_BYTES = 4.0
 
 
@@ -132,27 +133,29 @@ def llama_compute_buffer_bytes(arch: ModelArch, context, n_ubatch, flash_attn, b
     return np.maximum(np.maximum(output_phase, ffn_phase), attention_phase)
 
 
-def vllm_activation_bytes(arch: ModelArch, max_batched_tokens=VLLM_MAX_BATCHED_TOKENS):
+def vllm_activation_bytes(arch: ModelArch, max_batched_tokens=VLLM_MAX_BATCHED_TOKENS, max_num_seqs=VLLM_MAX_NUM_SEQS):
     """vLLM's profile-run activation peak: one forward of ``max_batched_tokens`` tokens (16-bit).
 
     Gate/up output (2 x d_ff), the hidden states and residual (4 x d_model) per token, plus the
-    f32 logits of the sampled rows.
+    f32 logits of the sampled rows (one per sequence the batch may hold, ``max_num_seqs``).
     """
     tokens = np.asarray(max_batched_tokens, dtype=float)
     per_token = 2.0 * (2.0 * arch.intermediate_size + 4.0 * arch.hidden_size)
-    return tokens * per_token + 256 * arch.vocab_size * F32_BYTES
+    return tokens * per_token + np.asarray(max_num_seqs, dtype=float) * arch.vocab_size * F32_BYTES
 
 
 def runtime_bytes(arch: ModelArch, engine: str, coeffs, context, n_ubatch, flash_attn, batch=1,
-                  enforce_eager=False):
+                  enforce_eager=False, max_batched_tokens=VLLM_MAX_BATCHED_TOKENS, max_num_seqs=VLLM_MAX_NUM_SEQS):
     """Engine runtime on the device: fixed context + compute/activation buffers (+ vLLM CUDA graphs,
-    none when ``enforce_eager``)."""
+    none when ``enforce_eager``; vLLM's activations grow with its batch budget, ``max_batched_tokens`` and
+    ``max_num_seqs``)."""
     fixed = coeffs["runtime_fixed_gib"] * GIB
     scale = coeffs["compute_buffer_scale"]
     if traits(engine).profiled_runtime:
         graphs = np.where(np.asarray(enforce_eager, bool), 0.0, coeffs["vllm_graph_gib"] * GIB)
         extra = coeffs["vllm_non_torch_gib"] * GIB + graphs
-        return fixed + extra + scale * vllm_activation_bytes(arch) + np.zeros_like(np.asarray(context, float))
+        activations = vllm_activation_bytes(arch, max_batched_tokens, max_num_seqs)
+        return fixed + extra + scale * activations + np.zeros_like(np.asarray(context, float))
     return fixed + scale * llama_compute_buffer_bytes(arch, context, n_ubatch, flash_attn, batch)
 
 

@@ -22,6 +22,7 @@ from predictor.architecture import ModelArch
 from predictor.devices import Device, resolve_device
 from predictor.engines import traits
 from predictor.errors import BenchcalError, non_negative, positive
+from predictor.memory import VLLM_MAX_BATCHED_TOKENS, VLLM_MAX_NUM_SEQS
 from predictor.models import resolve_model
 from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype, resolve_quant
 from predictor.weights import WEIGHTS_FROM_FILE, cpu_kernel_kwargs, format_bits, known_weights_bytes
@@ -60,6 +61,8 @@ class Scenario:
     enforce_eager: bool = False
     gpu_memory_utilization: float | None = None
     weights_bytes: float | None = None  # the weights' tensor bytes when known (a measured file); None: sized
+    max_num_seqs: int | None = None  # vLLM: the most sequences a batch holds (None: 256, its default)
+    max_num_batched_tokens: int | None = None  # vLLM: tokens one step may take (None: 8192, the offline default)
 
     def replace(self, **changes: Any) -> Scenario:
         """A copy with ``changes`` applied (``dataclasses.replace``)."""
@@ -144,6 +147,9 @@ def validate_scenario(s: Scenario, arch: ModelArch, dev: Device, engine: str) ->
     positive("--batch", s.batch)
     positive("--gpus", s.device_count)
     positive("--n-ubatch", s.n_ubatch)
+    for flag, value in (("--max-num-seqs", s.max_num_seqs), ("--max-num-batched-tokens", s.max_num_batched_tokens)):
+        if value is not None:
+            positive(flag, value)
     non_negative("--offload", s.offload_fraction)
     if s.gpu_memory_utilization is not None and not 0 < s.gpu_memory_utilization <= 1:
         raise BenchcalError(f"--gpu-memory-utilization is a fraction of the device in (0, 1], got {s.gpu_memory_utilization}")
@@ -183,6 +189,8 @@ def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | No
         "host_bandwidth_gbs": host_bw,
         "host_memory_gib": s.host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
         "enforce_eager": s.enforce_eager,
+        "max_batched_tokens": s.max_num_batched_tokens or VLLM_MAX_BATCHED_TOKENS,
+        "max_num_seqs": s.max_num_seqs or VLLM_MAX_NUM_SEQS,
         **cpu_kernel_kwargs(arch, q.id),
     }
     return ScenarioInputs(q, kv, exact, weights_source, kwargs)

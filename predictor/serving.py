@@ -25,10 +25,13 @@ GIB = float(2**30)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vllm serve's default (EngineArgs.gpu_memory_utilization)
 
 
-def kv_pool(est: Any, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> dict[str, Any] | None:
-    """``{kv_pool_gib, kv_pool_tokens, max_concurrent_sequences, gpu_memory_utilization, formula}`` for a
-    vLLM prediction on a GPU (``est``: a :class:`predictor.estimate.Estimate`), per device of a tensor-parallel
-    group; None for another engine or device kind (llama.cpp sizes its cache by ``--ctx`` instead)."""
+def kv_pool(est: Any, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+            max_num_seqs: int | None = None) -> dict[str, Any] | None:
+    """``{kv_pool_gib, kv_pool_tokens, max_concurrent_sequences, max_running_sequences, gpu_memory_utilization,
+    max_num_seqs, formula}`` for a vLLM prediction on a GPU (``est``: a :class:`predictor.estimate.Estimate`), per
+    device of a tensor-parallel group; None for another engine or device kind (llama.cpp sizes its cache by
+    ``--ctx`` instead). ``max_concurrent_sequences`` is what the pool holds (vLLM's "Maximum concurrency" log
+    line); ``max_running_sequences`` also respects ``max_num_seqs`` (default 256)."""
     if not traits(est.engine).profiled_runtime or est.device.kind != "gpu":
         return None
     v = est.values
@@ -42,11 +45,15 @@ def kv_pool(est: Any, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZA
     tokens = int(pool / per_sequence * est.context) if per_sequence > 0 else 0
     block = traits(est.engine).kv_block_tokens
     tokens -= tokens % block
+    held = int(pool // per_sequence) if per_sequence > 0 else 0
+    seqs = int(max_num_seqs or mem.VLLM_MAX_NUM_SEQS)
     return {
         "gpu_memory_utilization": gpu_memory_utilization,
+        "max_num_seqs": seqs,
+        "max_running_sequences": min(held, seqs),
         "kv_pool_gib": round(pool / GIB, 3),
         "kv_pool_tokens": tokens,
-        "max_concurrent_sequences": int(pool // per_sequence) if per_sequence > 0 else 0,
+        "max_concurrent_sequences": held,
         "context": est.context,
         "formula": (f"{gpu_memory_utilization:g} x {est.device.memory_gib:g} GiB - weights "
                     f"{per_device_weights / GIB:.2f} GiB - runtime {per_device_runtime / GIB:.2f} GiB (fixed, "

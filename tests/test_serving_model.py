@@ -72,3 +72,22 @@ def test_predict_concurrency_adds_the_load_to_the_json(capsys):
                  "--output-tokens", "128", "--prompt", "1024", "--format", "json"]) == 0
     load = json.loads(capsys.readouterr().out)["load"]
     assert load["concurrency"] == 16 and load["output_tokens"] == 128 and load["output_tok_s"] > 0
+
+
+def test_vllm_batch_budget_sizes_its_profile_run_and_caps_the_running_sequences():
+    from predictor.estimate import predict_scenario
+
+    base = Scenario("qwen2.5-7b", "h100-sxm", engine="vllm")
+    default = predict_scenario(base, None, launch=False)
+    few = predict_scenario(base.replace(max_num_seqs=32), None, launch=False)
+    big = predict_scenario(base.replace(max_num_batched_tokens=32768), None, launch=False)
+    # fewer sampled rows and a smaller step: less activation memory, a larger pool
+    assert few.values["runtime_bytes"] < default.values["runtime_bytes"] < big.values["runtime_bytes"]
+    assert few.serving["kv_pool_gib"] > default.serving["kv_pool_gib"] > big.serving["kv_pool_gib"]
+    assert default.serving["max_num_seqs"] == 256
+    assert few.serving["max_running_sequences"] == 32 < few.serving["max_concurrent_sequences"]
+    # the profile run's activations: tokens x 2 x (2 d_ff + 4 d_model) bytes + max_num_seqs x vocab f32 logits
+    arch = default.model
+    grown = (32768 - 8192) * 2 * (2 * arch.intermediate_size + 4 * arch.hidden_size)
+    coefficient = default.coefficients.values["compute_buffer_scale"]
+    assert big.values["runtime_bytes"] - default.values["runtime_bytes"] == pytest.approx(coefficient * grown)

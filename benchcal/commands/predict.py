@@ -94,6 +94,7 @@ def scenario_from_args(args, dev: Device) -> Scenario:
         n_ubatch=args.n_ubatch, offload_fraction=args.offload, device_count=args.gpus, engine_build=args.engine_build,
         host_bandwidth_gbs=args.host_bw_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else None),
         host_memory_gib=args.host_mem_gib, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
     )
 
 
@@ -190,6 +191,10 @@ def register(sub) -> None:
                    "with data; eras in predictor/data/engine_eras.json)")
     p.add_argument("--gpu-memory-utilization", type=share, default=None, help="vLLM: share of each GPU it may use, "
                    "its KV pool being what is left after weights and runtime (default 0.9, as vllm serve)")
+    p.add_argument("--max-num-seqs", type=positive_int, default=None, help="vLLM: the most sequences a batch holds "
+                   "(default 256): caps the running sequences and sizes the profile run's sampled logits")
+    p.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help="vLLM: tokens one step may "
+                   "take (default 8192): the profile run's activation peak grows with it")
     p.add_argument("--concurrency", type=positive_int, default=None, help="also predict the server under this many "
                    "requests in flight (--prompt-token prompts, --output-tokens each): throughput, TTFT, TPOT")
     p.add_argument("--output-tokens", type=positive_int, default=256, help="with --concurrency: tokens generated per "
