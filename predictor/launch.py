@@ -1,4 +1,4 @@
-"""Launch commands for llama.cpp (llama-server) and vLLM (vllm serve) that match a prediction.
+"""Launch commands for llama.cpp (llama-server), vLLM (vllm serve) and Ollama that match a prediction.
 
 The commands carry the configuration: context, layers on the GPU (the most that fit when the
 model needs offload), flash attention, KV cache type, parallel sequences, tensor parallelism, and
@@ -69,6 +69,23 @@ def llama_cpp_command(est: Estimate) -> str:
     return " ".join(parts)
 
 
+def ollama_command(est: Estimate) -> str:
+    """Ollama for this configuration: the server's settings are environment variables of ``ollama serve``
+    (``OLLAMA_CONTEXT_LENGTH``, ``OLLAMA_FLASH_ATTENTION``, ``OLLAMA_KV_CACHE_TYPE``, ``OLLAMA_NUM_PARALLEL``;
+    Ollama's docs/faq.md and docs/context-length.mdx), and it runs a Hugging Face GGUF as ``hf.co/<repo>:<quant>``.
+    Ollama places the layers itself, so offload has no flag here."""
+    quant = est.quant.id if "llama.cpp" in est.quant.engines else _LLAMA_EQUIVALENT.get(est.quant.id, "Q4_K_M")
+    model = _llama_model_arg(est, quant)
+    if not model.startswith("-hf "):
+        return f"# Ollama: make a model of {model.removeprefix('-m ')} with a Modelfile (FROM <file>), then ollama run it"
+    env = [f"OLLAMA_CONTEXT_LENGTH={est.context}", f"OLLAMA_FLASH_ATTENTION={1 if est.flash_attn else 0}"]
+    if est.flash_attn and est.kv_dtype in ("q8_0", "q4_0"):  # Ollama quantizes the KV cache only with flash attention
+        env.append(f"OLLAMA_KV_CACHE_TYPE={est.kv_dtype}")
+    if est.batch > 1:
+        env.append(f"OLLAMA_NUM_PARALLEL={est.batch}")
+    return f"{' '.join(env)} ollama serve & ollama run hf.co/{model.removeprefix('-hf ')}"
+
+
 def gpu_memory_utilization(total_bytes: float, device_count: int, memory_gib: float) -> float:
     """Fraction of each GPU vLLM should reserve: the predicted need per device plus 2%, in [0.10, 0.95]."""
     need = total_bytes / max(device_count, 1) / (memory_gib * GIB)
@@ -121,7 +138,7 @@ def launch_commands(est: Estimate, predict: Callable[..., Estimate]) -> dict[str
             )
         except BenchcalError:
             vllm_est = None
-    commands = {"llama_cpp": llama_cpp_command(est), "vllm": vllm_command(est, vllm_est)}
+    commands = {"llama_cpp": llama_cpp_command(est), "vllm": vllm_command(est, vllm_est), "ollama": ollama_command(est)}
     if vllm_est is not None:
         commands["vllm_quant"] = vllm_est.quant.id
     return commands

@@ -172,3 +172,15 @@ def test_leaderboard_matrix_and_gpus_json_hold_numbers_not_display_strings(capsy
     assert main(["gpus", "--format", "json"]) == 0
     device = json.loads(capsys.readouterr().out)[0]
     assert isinstance(device["memory_gib"], float) and "price" not in device
+
+
+def test_an_ollama_command_carries_the_context_flash_attention_and_kv_type():
+    from predictor.estimate import predict
+
+    est = predict("qwen2.5-7b", "rtx-4090", "Q4_K_M", 16384, kv_dtype="q8_0", batch=2, coefficients=None)
+    command = est.launch["ollama"]
+    assert command.startswith("OLLAMA_CONTEXT_LENGTH=16384 OLLAMA_FLASH_ATTENTION=1 OLLAMA_KV_CACHE_TYPE=q8_0")
+    assert "OLLAMA_NUM_PARALLEL=2" in command
+    assert command.endswith("ollama run hf.co/Qwen/Qwen2.5-7B-Instruct-GGUF:Q4_K_M")
+    no_fa = predict("qwen2.5-7b", "rtx-4090", "Q4_K_M", 8192, kv_dtype="q8_0", flash_attn=False, coefficients=None)
+    assert "OLLAMA_KV_CACHE_TYPE" not in no_fa.launch["ollama"]  # Ollama quantizes the cache only with it

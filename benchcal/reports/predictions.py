@@ -146,7 +146,8 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     rep.charts.append(Chart(f"{m['name']} {est.quant.id}: memory vs context", "context (tokens)", "GiB",
                             {"required": (xs, totals)}, hline=g["usable_gib"], hline_label="usable"))
     rep.charts.append(Chart("Decode speed vs context", "context (tokens)", "tok/s", {"decode": (xs, decodes)}))
-    rep.add("Launch commands", "code", [[d["launch"].get("llama_cpp", "")], [d["launch"].get("vllm", "")]])
+    rep.add("Launch commands", "code", [[d["launch"].get(k, "")] for k in ("llama_cpp", "vllm", "ollama")
+                                        if d["launch"].get(k)])
     return rep
 
 
@@ -204,7 +205,7 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
         est = predict(arch, best, q.id, context, engine, prompt_tokens=prompt_tokens, batch=batch, kv_dtype=kv.id,
                       coefficients=table or "default")
         rep.add(f"Launch commands (fastest that fits: {best.name})", "code",
-                [[est.launch["llama_cpp"]], [est.launch["vllm"]]])
+                [[est.launch[k]] for k in ("llama_cpp", "vllm", "ollama") if est.launch.get(k)])
     return rep
 
 
@@ -251,7 +252,7 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
         est = predict(arch, device, qf.id, ctxs[0], engine, device_count=device_count, kv_dtype=kv.id,
                       coefficients=table or "default")
         rep.add(f"Launch commands ({qf.id}, {ctxs[0]:,} context: the widest format that fits)", "code",
-                [[est.launch["llama_cpp"]], [est.launch["vllm"]]])
+                [[est.launch[k]] for k in ("llama_cpp", "vllm", "ollama") if est.launch.get(k)])
     rep.charts.append(Chart("Required memory by quantization", "context (tokens)", "GiB", {
         qf.id: (ctxs, [_gib(x) for x in r["total_bytes"][0, j, :, 0]]) for j, qf in enumerate(quants)
     }, hline=usable, hline_label="usable"))
@@ -348,7 +349,7 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
         est = predict(arch, d, q.id, context, engine, device_count=n, prompt_tokens=prompt_tokens,
                       coefficients=table or "default")
         commands.append([f"# {label}: {name}"])
-        commands += [[est.launch["llama_cpp"]], [est.launch["vllm"]]]
+        commands += [[est.launch[k]] for k in ("llama_cpp", "vllm", "ollama") if est.launch.get(k)]
         data.append({"pick": label, "device": d.id, "count": n, "total_gib": _gib(v["total_bytes"]),
                      "decode_tok_s": round(v["decode_tok_s"], 2), "ttft_s": round(v["ttft_s"], 3) if np.isfinite(v["ttft_s"]) else None,
                      "price_usd": price, "launch": est.launch})
