@@ -184,3 +184,14 @@ def test_an_ollama_command_carries_the_context_flash_attention_and_kv_type():
     assert command.endswith("ollama run hf.co/Qwen/Qwen2.5-7B-Instruct-GGUF:Q4_K_M")
     no_fa = predict("qwen2.5-7b", "rtx-4090", "Q4_K_M", 8192, kv_dtype="q8_0", flash_attn=False, coefficients=None)
     assert "OLLAMA_KV_CACHE_TYPE" not in no_fa.launch["ollama"]  # Ollama quantizes the cache only with it
+
+
+def test_the_matrix_decodes_each_cell_at_its_own_context(capsys):
+    from benchcal.cli import main
+
+    assert main(["matrix", "--model", "qwen2.5-7b", "--gpu", "rtx-4090", "--contexts", "4096,32768", "--format",
+                 "json"]) == 0
+    for row in json.loads(capsys.readouterr().out)["rows"]:
+        short, long = row["cells"]
+        if short["decode_tok_s"] and long["decode_tok_s"]:
+            assert long["decode_tok_s"] < short["decode_tok_s"], row["quant"]  # more KV read per token at 32K

@@ -219,8 +219,9 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
     quants.sort(key=lambda qf: -(known[qf.id][0] or mem.weights_bytes(arch, *format_bits(arch, qf, engine))))  # widest first
     ctxs = list(contexts or contexts_for(arch))
     kv = resolve_kv_dtype(kv_dtype or traits(engine).default_kv_dtype, engine)
-    r = sweep_scenario(Scenario(arch, engine=engine, kv_dtype=kv.id, device_count=device_count), [device], quants,
-                       ctxs, [1], table=table)
+    # decode in each cell at its own full context (the KV read grows with it), not at one fixed prompt
+    r = sweep_scenario(Scenario(arch, engine=engine, kv_dtype=kv.id, device_count=device_count,
+                                prompt_tokens=max(ctxs)), [device], quants, ctxs, [1], table=table)
     rows, data_rows = [], []
     for j, qf in enumerate(quants):
         weights = float(r["weights_total_bytes"][0, j, 0, 0])
@@ -240,7 +241,7 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
     usable = _gib(r["usable_bytes"][0, 0, 0, 0])
     rep = Report(
         title=f"Quantization x context — {arch.name} on {device.name} ({engine})",
-        subtitle=f"Usable device memory {usable:.2f} GiB; KV cache {kv.id}; batch 1.",
+        subtitle=f"Usable device memory {usable:.2f} GiB; KV cache {kv.id}; batch 1; decode at a full context.",
         data={"model": arch.id, "gpu": device.id, "engine": engine, "usable_gib": usable,
               "contexts": ctxs, "rows": data_rows},
     )
