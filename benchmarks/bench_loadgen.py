@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from harness.records import percentile  # noqa: E402
 from harness.serving.loadgen import level_summary, run_level  # noqa: E402
 from harness.serving.server import free_port  # noqa: E402
 
@@ -71,11 +72,6 @@ def _wait(port: int, timeout_s: float = 20.0) -> None:
     raise SystemExit("the stub server did not start")
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100.0 * (len(ordered) - 1))))]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, default=64)
@@ -95,12 +91,13 @@ def main() -> int:
         stub.terminate()
         stub.wait(10)
     errors_ms = [1000.0 * (arrived - event["sent"]) for r in results for arrived, event in (r.events or [])]
+    ordered = sorted(errors_ms)
     summary = level_summary(results, wall, prompt_tokens=0)
     print(json.dumps({
         "concurrency": args.concurrency, "requests": args.requests, "tokens_per_request": args.tokens,
         "gap_ms": args.gap_ms, "completed": summary["completed"], "errors": summary["errors"],
         "events_per_s": round(summary["output_tok_s"] or 0.0, 1), "wall_s": round(wall, 3),
-        "timestamp_error_ms": {"p50": round(_percentile(errors_ms, 50), 3), "p99": round(_percentile(errors_ms, 99), 3),
+        "timestamp_error_ms": {"p50": round(percentile(ordered, 50), 3), "p99": round(percentile(ordered, 99), 3),
                                "max": round(max(errors_ms), 3), "n": len(errors_ms)},
     }, indent=2))
     return 0

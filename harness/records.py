@@ -68,14 +68,16 @@ def summarize(samples: Iterable[float]) -> dict[str, Any]:
         "median": statistics.median(ordered),
         "mean": statistics.fmean(ordered),
         "stddev": statistics.stdev(ordered) if len(ordered) > 1 else 0.0,
-        "p10": _percentile(ordered, 10.0),
-        "p90": _percentile(ordered, 90.0),
+        "p10": percentile(ordered, 10.0),
+        "p90": percentile(ordered, 90.0),
         "n": len(ordered),
     }
 
 
-def _percentile(ordered: list[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default method) of an ascending list."""
+def percentile(ordered: list[float], q: float) -> float | None:
+    """Linear-interpolation percentile (numpy's default method) of an ascending list; None for an empty one."""
+    if not ordered:
+        return None
     if len(ordered) == 1:
         return ordered[0]
     position = (len(ordered) - 1) * q / 100.0

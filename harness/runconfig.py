@@ -32,7 +32,7 @@ def remote_code_permitted() -> bool:
 
 
 _WHOLE = ("context", "reps", "batch", "device_count", "gen_tokens", "warmup")
-_TABLES = ("engine_options", "arch_overrides", "serve")
+_TABLES = ("engine_options", "arch_overrides")  # serve: harness.serving.config.normalize_serve checks it
 
 
 def check_types(config: Mapping[str, Any]) -> None:
@@ -49,7 +49,7 @@ def check_types(config: Mapping[str, Any]) -> None:
     if any(isinstance(p, bool) or not isinstance(p, int) for p in values):
         raise BenchcalError(f"prompt_tokens must be whole numbers, got {prompts!r}")
     for key in _TABLES:
-        if config.get(key) is not None and not isinstance(config.get(key), Mapping) and key != "serve":
+        if config.get(key) is not None and not isinstance(config.get(key), Mapping):
             raise BenchcalError(f"{key} must be a table, got {config.get(key)!r}")
     for key in ("model", "engine", "device", "quant", "kv_dtype", "weights"):
         value = config.get(key)

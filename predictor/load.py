@@ -77,7 +77,8 @@ def step_times(scenario: Scenario, concurrency: int, output_tokens: int, coeffic
     batch = min(max(int(concurrency), 1), int(max_num_seqs or concurrency))
     one = predict_scenario(scenario.replace(batch=1), coefficients, launch=False).values
     decode1 = predict_scenario(scenario.replace(batch=1, prompt_tokens=middle), coefficients, launch=False).values
-    decode = predict_scenario(scenario.replace(batch=batch, prompt_tokens=middle), coefficients, launch=False).values
+    decode = decode1 if batch == 1 else predict_scenario(scenario.replace(batch=batch, prompt_tokens=middle),
+                                                         coefficients, launch=False).values
     return {"prefill_s": float(one["prefill_s"]), "step1_s": float(decode1["decode_step_s"]),
             "step_s": float(decode["decode_step_s"])}
 

@@ -251,7 +251,7 @@ def run_engine(
         returncode if not done else 0, log_text, cls.oom_patterns, timed_out=timed_out, interrupted=interrupted,
         child_error=(f"{error.get('type')}: {error.get('message')}" if error else None),
     )
-    memory = _memory_report(rss_report, nvml_report)
+    memory = memory_report(rss_report, nvml_report)
     memory["engine_breakdown"] = _breakdown(cls, log_text)
     version = next((e.get("version", {}) for e in events if e.get("event") == "version"), {})
     return EngineRun(status, reason, returncode, events, log_file, tail, memory, version, wall_s,
@@ -265,8 +265,9 @@ def _breakdown(cls: type[Engine], log_text: str) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def _memory_report(rss: Mapping[str, Any], nvml: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The record's ``memory`` section: NVML figures when a GPU was watched, else RSS of the tree."""
+def memory_report(rss: Mapping[str, Any], nvml: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The record's ``memory`` section: NVML figures when a GPU was watched, else RSS of the tree (the engine's
+    child here, a server's process tree in :mod:`harness.serving.server`)."""
     primary = nvml if nvml is not None else rss
     return {
         "peak_bytes": primary.get("peak_bytes"),

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.records import summarize
+from harness.records import percentile, summarize
 
 
 @dataclass
@@ -194,17 +194,8 @@ def distribution(samples_s: list[float]) -> dict[str, Any]:
     values = sorted(1000.0 * s for s in samples_s if s is not None and math.isfinite(s))
     out = summarize(values)
     out["p50"] = out["median"]
-    out["p99"] = _percentile(values, 99.0)
+    out["p99"] = percentile(values, 99.0)
     return out
-
-
-def _percentile(ordered: list[float], q: float) -> float | None:
-    if not ordered:
-        return None
-    position = (len(ordered) - 1) * q / 100.0
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def level_summary(results: list[RequestResult], wall_s: float, prompt_tokens: int) -> dict[str, Any]:

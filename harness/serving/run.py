@@ -120,8 +120,8 @@ def run_serving(
     output_tokens = int(cfg["gen_tokens"])
     levels = _levels(serve)
     status, reason, interrupted = "ok", None, False
+    failed: ServerFailed | None = None
     measured: list[dict[str, Any]] = []
-    memory: dict[str, Any] = {}
     startup_s = None
     rng_seed = seed if seed is not None else time.time_ns() % 2**32
     started = time.perf_counter()
@@ -156,20 +156,19 @@ def run_serving(
                 summary = level_summary(results, wall, prompt_tokens)
                 measured.append({**level, **summary, "server_metrics": watch.summary(),
                                  "peak_bytes_so_far": process.memory().get("peak_bytes")})
-            memory = process.memory()
     except ServerFailed as exc:
-        log_text, _ = process.log_tail()
-        returncode = process.proc.returncode if process.proc is not None else None
-        status, reason = classify_failure(returncode if returncode is not None else 1, log_text, cls.oom_patterns,
-                                          child_error=str(exc))
-        memory = process.memory()
+        failed = exc
     except KeyboardInterrupt:
         status, reason, interrupted = "interrupted", "interrupted by the user (SIGINT/SIGTERM)", True
-        memory = process.memory()
+    memory = process.memory()  # the server is stopped: its samplers' final report
+    log_text, tail = process.log_tail()
+    if failed is not None:
+        returncode = process.proc.returncode if process.proc is not None else None
+        status, reason = classify_failure(returncode if returncode is not None else 1, log_text, cls.oom_patterns,
+                                          child_error=str(failed))
     if status == "ok" and measured and not any(level["completed"] for level in measured):
         messages = [m for level in measured for m in level["error_messages"]]
         status, reason = "crash", f"no request completed: {messages[0] if messages else 'every request timed out'}"
-    _text, tail = process.log_tail()
     version = _version(cls)
     provenance.update({k: version.get(k) for k in ("engine_version", "engine_commit", "engine_build")})
     provenance.update({"finished_at": records.utc_now(), "log_file": str(log_path),

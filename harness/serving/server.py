@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.engines.runner import kill_process_tree, read_log_tail
+from harness.engines.runner import kill_process_tree, memory_report, read_log_tail
 from harness.samplers import NvmlSampler, RssTreeSampler, nvml_available
 
 LOCALHOST = "127.0.0.1"
@@ -51,6 +51,7 @@ class ServerProcess:
         self.rss: RssTreeSampler | None = None
         self.nvml: NvmlSampler | None = None
         self.startup_s: float | None = None
+        self._stopped = False
 
     @property
     def base_url(self) -> str:
@@ -96,24 +97,19 @@ class ServerProcess:
             time.sleep(0.25)
 
     def memory(self) -> dict[str, Any]:
-        """Peak memory so far: the record's ``memory`` keys (NVML figures on a GPU, else the tree's RSS)."""
+        """Peak memory so far, as a run record's ``memory`` section (:func:`harness.engines.runner.memory_report`)."""
         rss = self.rss.report() if self.rss is not None else {}
-        nvml = self.nvml.report() if self.nvml is not None else None
-        primary = nvml if nvml is not None else rss
-        return {"peak_bytes": primary.get("peak_bytes"), "peak_source": primary.get("peak_source") or None,
-                "sample_count": primary.get("sample_count", 0), "sample_hz": primary.get("sample_hz"),
-                "host_peak_rss_bytes": rss.get("peak_bytes"),
-                "device_peak_bytes": (nvml or {}).get("device_peak_bytes")}
+        return memory_report(rss, self.nvml.report() if self.nvml is not None else None)
 
     def stop(self) -> None:
-        """Kill the server's process tree and stop the samplers (idempotent)."""
-        if self.proc is not None and self.proc.poll() is None:
+        """Kill the server's process tree (with any descendant that outlived it) and stop the samplers; idempotent."""
+        if self.proc is not None:
             kill_process_tree(self.proc)
-        elif self.proc is not None:
-            kill_process_tree(self.proc)  # descendants that outlived the server
-        for sampler in (self.rss, self.nvml):
-            if sampler is not None and not sampler._stop.is_set():
-                sampler.stop()
+        if not self._stopped:
+            self._stopped = True
+            for sampler in (self.rss, self.nvml):
+                if sampler is not None:
+                    sampler.stop()
 
     def log_tail(self) -> tuple[str, list[str]]:
         return read_log_tail(self.log_path)

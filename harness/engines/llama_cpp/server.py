@@ -35,9 +35,7 @@ class LlamaCppServer(ServerSetup):
             raise BenchcalError("llama.cpp's server needs a GGUF file")
         options = cfg.get("engine_options") or {}
         threads = int(options.get("threads") or default_threads())
-        kv = str(cfg.get("kv_dtype") or "f16").lower()
-        if kv not in KV_TYPES:
-            raise BenchcalError(f"KV cache dtype {kv!r} is not one llama.cpp has (choose from: {', '.join(KV_TYPES)})")
+        kv = str(cfg.get("kv_dtype") or "f16").lower()  # one llama.cpp has: checked by LlamaCppSetup.fill_defaults
         return [sys.executable, "-m", "llama_cpp.server", "--model", str(weights_path), "--host", "127.0.0.1",
                 "--port", str(port), "--n_ctx", str(int(cfg["context"])), "--n_threads", str(threads),
                 "--n_threads_batch", str(threads), "--n_gpu_layers", str(int(options.get("n_gpu_layers", -1))),

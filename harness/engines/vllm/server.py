@@ -49,10 +49,9 @@ class VllmServer(ServerSetup):
     metrics_path = "/metrics"
 
     def command(self, cfg: Mapping[str, Any], weights_path: str | None, port: int) -> list[str]:
-        from harness.engines.vllm.child import llm_kwargs, resolve_model_dir
+        from harness.engines.vllm.child import llm_kwargs
 
-        model_dir, load_format = resolve_model_dir(cfg, weights_path)
-        hf_config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+        model_dir, load_format, hf_config = _model(cfg, weights_path)
         kwargs, _resolved = llm_kwargs(cfg, model_dir, load_format, hf_config)
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *server_flags(kwargs),
                 "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port)]
@@ -64,10 +63,7 @@ class VllmServer(ServerSetup):
     def prompts(self, cfg: Mapping[str, Any], weights_path: str | None, base_url: str, n_tokens: int, count: int,
                 seed: int) -> list[Any]:
         """Random ordinary token ids of the model's vocabulary (its special ids left out)."""
-        from harness.engines.vllm.child import resolve_model_dir
-
-        model_dir, _ = resolve_model_dir(cfg, weights_path)
-        hf_config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+        _dir, _format, hf_config = _model(cfg, weights_path)
         vocab = int(hf_text_config(hf_config)["vocab_size"])
         rng = random.Random(seed)
         return [random_token_ids(n_tokens, vocab, rng, sorted(special_token_ids(hf_config))) for _ in range(count)]
@@ -75,6 +71,14 @@ class VllmServer(ServerSetup):
     def payload(self, prompt: Any, output_tokens: int) -> dict[str, Any]:
         return {"model": SERVED_NAME, "prompt": prompt, "max_tokens": output_tokens, "min_tokens": output_tokens,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.0}
+
+
+def _model(cfg: Mapping[str, Any], weights_path: str | None) -> tuple[Path, str, dict[str, Any]]:
+    """The model directory vLLM serves, its load format and its config.json."""
+    from harness.engines.vllm.child import resolve_model_dir
+
+    model_dir, load_format = resolve_model_dir(cfg, weights_path)
+    return model_dir, load_format, json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
 
 
 SERVER = VllmServer()
