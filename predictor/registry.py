@@ -140,8 +140,10 @@ _COEFFICIENTS: tuple[Coefficient, ...] = (
         unit="bytes per weight",
         meaning='device-memory traffic per quantized weight per ubatch when an old llama.cpp CUDA build dequantizes the weights to an FP16 buffer for cuBLAS (read quantized, write FP16, ...), bytes at peak bandwidth; current builds (MMQ) do not',
         defaults={
-            "llama.cpp": (0.0, 'uncalibrated: no dequantization traffic'),
-            "vllm": (0.0, 'uncalibrated: no dequantization traffic'),
+            "llama.cpp": (4.0, 'physics: the FP16 copy of each weight written (2 bytes) and read back by the cuBLAS '
+                               'GEMM (2 bytes); ggml_cuda_op_mul_mat_cublas converts src0 with to_fp16_cuda into a pool '
+                               'buffer before cublasGemmEx'),
+            "vllm": (0.0, 'not used by vLLM'),
         },
         bounds=(0.0, 100.0),
         in_predictions=False,
