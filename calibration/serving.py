@@ -5,8 +5,10 @@ For every level of every ok serving run, :mod:`predictor.load` gives the step ti
 from the calibrated analytical model, and its figures are linear in the server's terms (``prefill_scale``,
 ``step_overhead_ms``, ``seq_overhead_ms``, ``request_overhead_ms``). Per engine and device they are fitted,
 non-negative, by least squares on the relative
-errors of the measured TTFT, TPOT and end-to-end latency (p50) of every level. The held-out check refits without
-each run's highest concurrency and predicts it: output tokens/s and TTFT p50 against what was measured.
+errors of the measured TTFT, TPOT and end-to-end latency (p50) of every concurrency level. The held-out check refits
+without each run's highest concurrency and predicts it: output tokens/s and TTFT p50 against what was measured.
+Request-rate levels (Poisson arrivals) are never fitted: each is predicted by :func:`predictor.load.rate_figures`
+from the fit, with the same arrivals the load generator drew (its ``arrival_seed``), and compared.
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ from scipy.optimize import nnls
 from calibration.features import run_arch, run_device
 from calibration.observations import run_row
 from harness import records
-from predictor.load import OVERHEADS, serving_figures, serving_mode, step_times
+from predictor.load import (
+    DEFAULT_MAX_NUM_SEQS,
+    OVERHEADS,
+    rate_figures,
+    serving_figures,
+    serving_mode,
+    step_curve,
+    step_times,
+)
 from predictor.scenario import Scenario
 
 TARGETS = ("ttft_ms", "tpot_ms", "e2el_ms")
@@ -44,18 +54,31 @@ def serving_levels(runs_dirs: Iterable[str | Path], coefficients: Any = "default
                 prompt_tokens=int(serving["prompt_tokens"]), kv_dtype=config.get("kv_dtype"),
                 flash_attn=bool((config.get("engine_options") or {}).get("flash_attn", False)),
                 host_bandwidth_gbs=row["host_bandwidth_gbs"] if row["device"] != "cpu" else None)
+            mode = serving_mode(config["engine"])
+            max_num_seqs = config["serve"].get("max_num_seqs")
             for level in serving.get("levels") or []:
-                if level.get("concurrency") is None or not level.get("completed"):
-                    continue  # request-rate levels are not modelled yet
-                times = step_times(scenario, level["concurrency"], serving["output_tokens"], coefficients,
-                                   config["serve"].get("max_num_seqs"))
-                out.append({"run": record["id"], "engine": config["engine"], "device": row["device"],
-                            "device_id": scenario.device.id, "model": row["model_key"],
-                            "mode": serving_mode(config["engine"]), "concurrency": int(level["concurrency"]),
-                            "max_num_seqs": config["serve"].get("max_num_seqs"),
-                            "output_tokens": int(serving["output_tokens"]), "times": times,
-                            "measured": {"ttft_ms": level["ttft_ms"]["p50"], "tpot_ms": level["tpot_ms"]["p50"],
-                                         "e2el_ms": level["e2el_ms"]["p50"], "output_tok_s": level["output_tok_s"]}})
+                if not level.get("completed"):
+                    continue
+                entry = {"run": record["id"], "engine": config["engine"], "device": row["device"],
+                         "device_id": scenario.device.id, "model": row["model_key"], "mode": mode,
+                         "concurrency": None, "max_num_seqs": max_num_seqs,
+                         "output_tokens": int(serving["output_tokens"]),
+                         "measured": {"ttft_ms": level["ttft_ms"]["p50"], "tpot_ms": level["tpot_ms"]["p50"],
+                                      "e2el_ms": level["e2el_ms"]["p50"], "output_tok_s": level["output_tok_s"]}}
+                if level.get("concurrency") is not None:
+                    entry["concurrency"] = int(level["concurrency"])
+                    entry["times"] = step_times(scenario, level["concurrency"], serving["output_tokens"], coefficients,
+                                                max_num_seqs)
+                elif level.get("request_rate"):
+                    largest = 1 if mode == "serial" else min(int(max_num_seqs or DEFAULT_MAX_NUM_SEQS),
+                                                              int(level["requests"]))
+                    entry.update({"request_rate": float(level["request_rate"]), "requests": int(level["requests"]),
+                                  "arrival_seed": level.get("arrival_seed"),
+                                  "prompt_tokens": int(serving["prompt_tokens"]),
+                                  "curve": step_curve(scenario, serving["output_tokens"], largest, coefficients)})
+                else:
+                    continue
+                out.append(entry)
     return out
 
 
@@ -103,11 +126,14 @@ def _error(predicted: float, measured: float | None) -> float | None:
 def fit_serving(runs_dirs: Iterable[str | Path], coefficients: Any = "default") -> dict[str, Any]:
     """``{engine: {device_id: fit}}``: the overheads, the levels they come from, the in-sample errors and the
     held-out errors at each run's highest concurrency. Empty when no serving run was measured."""
-    levels = serving_levels(list(runs_dirs), coefficients)
+    every = serving_levels(list(runs_dirs), coefficients)
+    levels = [lv for lv in every if lv["concurrency"] is not None]
     out: dict[str, Any] = {}
     for key in sorted({(lv["engine"], lv["device_id"]) for lv in levels}):
         group = [lv for lv in levels if (lv["engine"], lv["device_id"]) == key]
         fit = fit_overheads(group)
+        rates = [_rate_check(lv, fit) for lv in every
+                 if lv["concurrency"] is None and (lv["engine"], lv["device_id"]) == key]
         in_sample = [_check(lv, fit) for lv in group]
         held_out = []
         for run in sorted({lv["run"] for lv in group}):
@@ -121,7 +147,7 @@ def fit_serving(runs_dirs: Iterable[str | Path], coefficients: Any = "default") 
             **{k: round(v, 4) for k, v in fit.items()}, "levels": len(group),
             "runs": sorted({lv["run"] for lv in group}), "models": sorted({lv["model"] for lv in group}),
             "concurrency": sorted({lv["concurrency"] for lv in group}), "mode": group[0]["mode"],
-            "in_sample": in_sample, "held_out": held_out,
+            "in_sample": in_sample, "held_out": held_out, "request_rates": rates,
             "source": f"fitted from {len(group)} serving level(s) of {len({lv['run'] for lv in group})} run(s)"}
     return out
 
@@ -134,6 +160,30 @@ def _check(level: Mapping[str, Any], fit: Mapping[str, float]) -> dict[str, Any]
                              "error": _error(predicted["output_tok_s"], measured["output_tok_s"])},
             "ttft_p50_ms": {"measured": measured["ttft_ms"], "predicted": round(predicted["ttft_ms"], 3),
                             "error": _error(predicted["ttft_ms"], measured["ttft_ms"])}}
+
+
+def _rate_check(level: Mapping[str, Any], fit: Mapping[str, float]) -> dict[str, Any]:
+    """A request-rate level (never fitted) against the fit's prediction: the same number of Poisson arrivals from
+    the same seed as the load generator drew (all counted: the level starts at an idle server)."""
+    prefill, step = level["curve"]
+    predicted = rate_figures(level["mode"], level["request_rate"], level["output_tokens"], prefill, step,
+                             max_num_seqs=level.get("max_num_seqs"), prompt_tokens=level["prompt_tokens"],
+                             requests=level["requests"], warmup=0, seed=int(level.get("arrival_seed") or 0),
+                             steady_state=False,
+                             **{p: float(fit[p]) for p in PARAMETERS})
+    measured = level["measured"]
+
+    def pair(value: float | None, actual: float | None) -> dict[str, Any]:
+        return {"measured": actual, "predicted": None if value is None else round(value, 3),
+                "error": None if value is None else _error(value, actual)}
+
+    ttft = (predicted["ttft_ms"] or {}).get("p50")
+    tpot = (predicted["tpot_ms"] or {}).get("p50")
+    return {"run": level["run"], "request_rate": level["request_rate"], "requests": level["requests"],
+            "saturated": predicted["saturated"],
+            "output_tok_s": pair(predicted["output_tok_s"], measured["output_tok_s"]),
+            "ttft_p50_ms": pair(ttft, measured["ttft_ms"]),
+            "tpot_p50_ms": pair(tpot, measured["tpot_ms"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,6 +213,18 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {label:9} concurrency {c['concurrency']}: output tok/s {out['measured']:.1f} measured, "
                           f"{out['predicted']:.1f} predicted ({out['error']:+.1%}); TTFT p50 {ttft['measured']:.0f} ms "
                           f"measured, {ttft['predicted']:.0f} predicted ({ttft['error']:+.1%})")
+            for c in fit["request_rates"]:
+                parts = []
+                for name, unit, key in (("output tok/s", "", "output_tok_s"), ("TTFT p50", " ms", "ttft_p50_ms"),
+                                        ("TPOT p50", " ms", "tpot_p50_ms")):
+                    item = c[key]
+                    if item["predicted"] is None or item["measured"] is None:
+                        parts.append(f"{name} {item['measured']} measured, none predicted (saturated)")
+                    else:
+                        parts.append(f"{name} {item['measured']:.1f}{unit} measured, {item['predicted']:.1f}{unit} "
+                                     f"predicted ({item['error']:+.1%})")
+                print(f"  never fitted, {c['request_rate']:g} requests/s ({c['requests']} Poisson arrivals): "
+                      + "; ".join(parts))
     return 0
 
 

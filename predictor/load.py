@@ -27,11 +27,13 @@ real server shows (measured p90/p99) is not modelled.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from predictor.engines import traits
 from predictor.estimate import predict_scenario
+from predictor.memory import VLLM_MAX_BATCHED_TOKENS, VLLM_MAX_NUM_SEQS
 from predictor.scenario import Scenario
 
 MODES = ("serial", "continuous")
@@ -102,3 +104,181 @@ def predict_load(scenario: Scenario, concurrency: int, output_tokens: int, *, co
             "output_tokens": int(output_tokens), **{k: round(v, 4) for k, v in figures.items()},
             "step_times_ms": {k.removesuffix("_s") + "_ms": round(1000.0 * v, 4) for k, v in times.items()},
             "overheads": {**fit, "source": source}}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Open loop: Poisson arrivals at a request rate
+# ---------------------------------------------------------------------------------------------------------------
+
+RATE_REQUESTS = 1000  # requests simulated for a steady-state figure ...
+RATE_WARMUP = 100  # ... of which the first, arriving at an empty server, are left out of the figures
+DEFAULT_MAX_NUM_SEQS = VLLM_MAX_NUM_SEQS  # vLLM's default batch size limit (max_num_seqs)
+
+
+def poisson_offsets(rate: float, n: int, seed: int = 0) -> list[float]:
+    """Arrival times (seconds from the start) of ``n`` Poisson arrivals at ``rate`` per second: the first at 0, then
+    exponential gaps drawn from ``random.Random(seed)`` (the same sequence the harness's load generator sends)."""
+    import random
+
+    rng, out, t = random.Random(seed), [], 0.0
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def simulate_serial(arrivals, service_s: float, prefill_s: float, request_overhead_s: float = 0.0):
+    """One request at a time, first come first served: per request (TTFT, end-to-end) seconds. A request starts when
+    it has arrived and the one before it has ended; its own overhead runs outside the engine (as in the closed
+    loop's formula)."""
+    ttft, e2e, free = [], [], 0.0
+    for a in arrivals:
+        start = max(a, free)
+        free = start + service_s
+        ttft.append(start - a + prefill_s + request_overhead_s)
+        e2e.append(free - a + request_overhead_s)
+    return ttft, e2e
+
+
+def simulate_continuous(arrivals, output_tokens: int, prefill_s: float, step_s, *, step_overhead_s: float = 0.0,
+                        seq_overhead_s: float = 0.0, request_overhead_s: float = 0.0, max_num_seqs: int | None = None,
+                        prompt_tokens: int = 0, max_num_batched_tokens: int | None = None):
+    """Continuous batching, step by step: each step prefills the prompts admitted at its start (all that have
+    arrived, up to ``max_num_seqs`` sequences and ``max_num_batched_tokens`` tokens, at least one) and decodes one
+    token of every running sequence; it takes ``prompts x prefill_s + step_s(B) + B seq_overhead_s +
+    step_overhead_s``. A prompt's first token comes out with its prefill step, then one token per step. Per request
+    (TTFT, end-to-end) seconds. With c requests arriving together this gives the closed loop's formulas."""
+    from collections import deque
+
+    n, limit = max(int(output_tokens), 1), int(max_num_seqs or DEFAULT_MAX_NUM_SEQS)
+    budget = float(max_num_batched_tokens) if max_num_batched_tokens else float("inf")
+    count = len(arrivals)
+    first, done = [0.0] * count, [0.0] * count
+    waiting: deque[int] = deque()
+    running: list[list[int]] = []  # [request, tokens still to decode]
+    t, nxt, finished = 0.0, 0, 0
+    while finished < count:
+        if not running and not waiting:
+            t = max(t, arrivals[nxt])
+        while nxt < count and arrivals[nxt] <= t:
+            waiting.append(nxt)
+            nxt += 1
+        new, used = [], len(running)
+        while waiting and len(running) + len(new) < limit and (not new or used + prompt_tokens <= budget):
+            new.append(waiting.popleft())
+            used += prompt_tokens
+        b = len(running)
+        dt = (step_s(b) + b * seq_overhead_s if b else 0.0) + step_overhead_s
+        steps = 1
+        if not new:  # nothing to admit: run the steps up to the next finish or the next arrival at once
+            steps = min(item[1] for item in running)
+            if nxt < count and len(running) < limit:
+                steps = max(1, min(steps, math.ceil((arrivals[nxt] - t) / dt)))
+        t += len(new) * prefill_s + steps * dt
+        for item in running:
+            item[1] -= steps
+            if item[1] == 0:
+                done[item[0]] = t
+                finished += 1
+        running = [item for item in running if item[1] > 0]
+        for i in new:
+            first[i] = t
+            if n == 1:
+                done[i] = t
+                finished += 1
+            else:
+                running.append([i, n - 1])
+    ttft = [f - a + request_overhead_s for f, a in zip(first, arrivals)]
+    e2e = [d - a + request_overhead_s for d, a in zip(done, arrivals)]
+    return ttft, e2e
+
+
+def _distribution_ms(values) -> dict[str, float]:
+    import numpy as np
+
+    v = 1000.0 * np.asarray(values, float)
+    return {"mean": round(float(v.mean()), 3), "p50": round(float(np.percentile(v, 50)), 3),
+            "p90": round(float(np.percentile(v, 90)), 3), "p99": round(float(np.percentile(v, 99)), 3)}
+
+
+def rate_figures(mode: str, request_rate: float, output_tokens: int, prefill_s: float, step_s, *,
+                 prefill_scale: float = 1.0, step_overhead_ms: float = 0.0, seq_overhead_ms: float = 0.0,
+                 request_overhead_ms: float = 0.0, max_num_seqs: int | None = None, prompt_tokens: int = 0,
+                 max_num_batched_tokens: int | None = None, requests: int = RATE_REQUESTS,
+                 warmup: int = RATE_WARMUP, seed: int = 0, steady_state: bool = True) -> dict[str, Any]:
+    """Throughput and TTFT / TPOT / end-to-end distributions (mean, p50, p90, p99, ms) of Poisson arrivals at
+    ``request_rate``, simulated over ``requests`` requests (the first ``warmup`` left out). ``step_s(B)``: one decode
+    step of B sequences, seconds. ``capacity`` is the most requests per second the server completes (saturated:
+    ``max_num_seqs`` in flight, or one at a time); at or above it queues grow without bound, and the figures are
+    None with ``saturated`` true, unless ``steady_state`` is False: then the ``requests`` arrivals are simulated
+    all the same (a finite measured level, whose queue grows only so far)."""
+    n = max(int(output_tokens), 1)
+    o_step, o_seq, o_req = step_overhead_ms / 1000.0, seq_overhead_ms / 1000.0, request_overhead_ms / 1000.0
+    prefill = prefill_scale * prefill_s
+    limit = int(max_num_seqs or DEFAULT_MAX_NUM_SEQS)
+    if mode == "serial":
+        tpot = step_s(1) + o_step
+        service = prefill + (n - 1) * tpot
+        capacity = 1.0 / service
+    elif mode == "continuous":
+        capacity = serving_figures("continuous", limit, n, prefill_s, step_s(1), step_s(limit), prefill_scale,
+                                   step_overhead_ms, seq_overhead_ms, request_overhead_ms, limit)["request_throughput"]
+    else:
+        raise ValueError(f"unknown serving mode {mode!r} (choose from: {', '.join(MODES)})")
+    out: dict[str, Any] = {"request_rate": float(request_rate), "capacity_requests_per_s": round(capacity, 4),
+                           "utilization": round(request_rate / capacity, 4), "requests_simulated": int(requests),
+                           "warmup": int(warmup), "seed": int(seed)}
+    if request_rate >= capacity and steady_state:
+        return {**out, "saturated": True, "request_throughput": round(capacity, 4),
+                "output_tok_s": round(capacity * n, 4), "ttft_ms": None, "tpot_ms": None, "e2el_ms": None}
+    arrivals = poisson_offsets(request_rate, int(requests), seed)
+    if mode == "serial":
+        ttft, e2e = simulate_serial(arrivals, service, prefill, o_req)
+    else:
+        ttft, e2e = simulate_continuous(arrivals, n, prefill, step_s, step_overhead_s=o_step, seq_overhead_s=o_seq,
+                                        request_overhead_s=o_req, max_num_seqs=limit, prompt_tokens=prompt_tokens,
+                                        max_num_batched_tokens=max_num_batched_tokens)
+    keep = slice(min(int(warmup), len(arrivals) - 1), None)
+    ttft, e2e, sent = ttft[keep], e2e[keep], arrivals[keep]
+    tpot = [(e - f) / (n - 1) for e, f in zip(e2e, ttft)] if n > 1 else [0.0] * len(e2e)
+    span = max(a + e for a, e in zip(sent, e2e)) - sent[0]
+    rate = len(sent) / span if span > 0 else float("nan")
+    return {**out, "saturated": bool(request_rate >= capacity), "request_throughput": round(rate, 4), "output_tok_s": round(rate * n, 4),
+            "ttft_ms": _distribution_ms(ttft), "tpot_ms": _distribution_ms(tpot), "e2el_ms": _distribution_ms(e2e)}
+
+
+def step_curve(scenario: Scenario, output_tokens: int, largest: int, coefficients: Any = "default"):
+    """``(prefill_s, step_s)``: the prompt's prefill and a function B -> one decode step of B sequences (halfway
+    through the output), from the analytical model at B = 1, 2, 4, ... ``largest``, linear in between."""
+    import numpy as np
+
+    middle = int(scenario.prompt_tokens) + max(int(output_tokens), 1) // 2
+    sizes = sorted({1, max(int(largest), 1)} | {2 ** k for k in range(1, 16) if 2 ** k < largest})
+    steps = [float(predict_scenario(scenario.replace(batch=b, prompt_tokens=middle), coefficients,
+                                    launch=False).values["decode_step_s"]) for b in sizes]
+    prefill = float(predict_scenario(scenario.replace(batch=1), coefficients, launch=False).values["prefill_s"])
+    return prefill, (lambda b: float(np.interp(b, sizes, steps)))
+
+
+def predict_rate(scenario: Scenario, request_rate: float, output_tokens: int, *, coefficients: Any = "default",
+                 overheads: Mapping[str, Any] | None = None, max_num_seqs: int | None = None,
+                 requests: int = RATE_REQUESTS, warmup: int = RATE_WARMUP, seed: int = 0) -> dict[str, Any]:
+    """:func:`rate_figures` for ``scenario`` with the analytical model's step times and a serving fit's terms
+    (``overheads``, as for :func:`predict_load`)."""
+    fit = {**OVERHEADS, **{k: v for k, v in (overheads or {}).items() if k in OVERHEADS and v is not None}}
+    mode = serving_mode(str(scenario.engine))
+    limit = int(max_num_seqs or scenario.max_num_seqs or DEFAULT_MAX_NUM_SEQS)
+    if mode == "continuous":  # no more sequences run than the KV pool holds at their full length
+        pool = (predict_scenario(scenario.replace(batch=1), coefficients, launch=False).serving or {}).get(
+            "kv_pool_tokens")
+        if pool:
+            limit = max(1, min(limit, int(pool) // (int(scenario.prompt_tokens) + max(int(output_tokens), 1))))
+    prefill, step = step_curve(scenario, output_tokens, 1 if mode == "serial" else limit, coefficients)
+    figures = rate_figures(mode, float(request_rate), output_tokens, prefill, step, max_num_seqs=limit,
+                           prompt_tokens=int(scenario.prompt_tokens),
+                           max_num_batched_tokens=scenario.max_num_batched_tokens or VLLM_MAX_BATCHED_TOKENS,
+                           requests=requests,
+                           warmup=warmup, seed=seed, **{k: float(v) for k, v in fit.items()})
+    source = (overheads or {}).get("source") or "uncalibrated: no serving run fitted (prefill_scale 1, overheads 0)"
+    return {"mode": mode, "prompt_tokens": int(scenario.prompt_tokens), "output_tokens": int(output_tokens),
+            **figures, "overheads": {**fit, "source": source}}

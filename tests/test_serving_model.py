@@ -91,3 +91,80 @@ def test_vllm_batch_budget_sizes_its_profile_run_and_caps_the_running_sequences(
     grown = (32768 - 8192) * 2 * (2 * arch.intermediate_size + 4 * arch.hidden_size)
     coefficient = default.coefficients.values["compute_buffer_scale"]
     assert big.values["runtime_bytes"] - default.values["runtime_bytes"] == pytest.approx(coefficient * grown)
+
+
+def test_requests_arriving_together_at_a_batching_server_give_the_closed_loop_formulas():
+    from predictor.load import simulate_continuous
+
+    def step(b):
+        return 0.010 + 0.001 * b
+
+    ttft, e2e = simulate_continuous([0.0] * 4, 5, 0.050, step, step_overhead_s=0.002, seq_overhead_s=0.0005,
+                                    request_overhead_s=0.003)
+    closed = serving_figures("continuous", 4, 5, 0.050, step(1), step(4), step_overhead_ms=2.0, seq_overhead_ms=0.5,
+                             request_overhead_ms=3.0)
+    assert [1000 * t for t in ttft] == pytest.approx([closed["ttft_ms"]] * 4)
+    assert [1000 * t for t in e2e] == pytest.approx([closed["e2el_ms"]] * 4)
+
+
+def test_a_batching_server_admits_no_more_sequences_than_its_limit():
+    from predictor.load import simulate_continuous
+
+    ttft, e2e = simulate_continuous([0.0] * 3, 3, 0.1, lambda b: 0.01, max_num_seqs=2)
+    # two prompts in the first step (0.2 s), two decode steps; the third waits for them, then runs alone
+    assert ttft == pytest.approx([0.2, 0.2, 0.2 + 0.02 + 0.1])
+    assert e2e == pytest.approx([0.22, 0.22, 0.32 + 0.02])
+
+
+def test_one_request_at_a_time_at_a_poisson_rate_waits_as_the_md1_queue_says():
+    from predictor.load import poisson_offsets, simulate_serial
+
+    service, rate = 0.1, 6.0  # utilization 0.6
+    arrivals = poisson_offsets(rate, 40000, seed=1)
+    ttft, e2e = simulate_serial(arrivals, service, 0.02)
+    waits = [e - service for e in e2e]
+    rho = rate * service
+    pollaczek_khinchine = rho * service / (2 * (1 - rho))  # mean wait of an M/D/1 queue
+    assert sum(waits) / len(waits) == pytest.approx(pollaczek_khinchine, rel=0.05)
+    assert min(ttft) == pytest.approx(0.02)  # one that found the server idle: its prefill only
+
+
+def test_poisson_offsets_are_the_load_generators_draw():
+    import random
+
+    from harness.serving.loadgen import poisson_arrivals
+    from predictor.load import poisson_offsets
+
+    assert poisson_offsets(3.5, 50, seed=7) == poisson_arrivals(3.5, 50, random.Random(7))
+
+
+def test_a_rate_at_or_above_capacity_is_saturated_with_no_latency():
+    from predictor.load import rate_figures
+
+    out = rate_figures("serial", 20.0, 10, 0.05, lambda b: 0.01)  # service 0.14 s: capacity 7.1 requests/s
+    assert out["saturated"] and out["ttft_ms"] is None and out["capacity_requests_per_s"] == pytest.approx(1 / 0.14, abs=1e-4)
+    below = rate_figures("serial", 3.0, 10, 0.05, lambda b: 0.01)
+    assert not below["saturated"] and below["tpot_ms"]["p50"] == pytest.approx(10.0)
+    assert below["ttft_ms"]["p50"] <= below["ttft_ms"]["p90"] <= below["ttft_ms"]["p99"]
+    assert below["request_throughput"] == pytest.approx(3.0, rel=0.1)
+
+
+def test_predict_request_rate_adds_the_distributions_to_the_json(capsys):
+    from benchcal.cli import main
+
+    assert main(["predict", "--model", "qwen2.5-7b", "--gpu", "h100-sxm", "--engine", "vllm", "--request-rate", "2",
+                 "--output-tokens", "128", "--prompt", "1024", "--format", "json"]) == 0
+    load = json.loads(capsys.readouterr().out)["load"]
+    assert load["request_rate"] == 2.0 and not load["saturated"] and load["capacity_requests_per_s"] > 2
+    assert set(load["ttft_ms"]) == {"mean", "p50", "p90", "p99"} and load["requests_simulated"] == 1000
+
+
+@pytest.mark.parametrize("argv", [["--request-rate", "2", "--concurrency", "4"], ["--request-rate", "0"],
+                                  ["--request-rate", "nan"], ["--request-rate", "-1"]])
+def test_bad_request_rates_are_one_line_and_exit_2(argv):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "benchcal", "predict", "--model", "qwen2.5-7b", "--gpu", "h100-sxm",
+                        *argv], capture_output=True, text=True)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr

@@ -9,6 +9,7 @@ from pathlib import Path
 from benchcal.argtypes import fraction, non_negative_float, output_file, positive_float, positive_int, share
 from benchcal.reports.predictions import (
     add_load_section,
+    add_rate_section,
     catalogue_devices_report,
     catalogue_models_report,
     leaderboard_report,
@@ -23,7 +24,7 @@ from predictor.engines import traits
 from predictor.eras import era_for_build
 from predictor.errors import BenchcalError, positive
 from predictor.estimate import predict_scenario
-from predictor.load import predict_load
+from predictor.load import predict_load, predict_rate
 from predictor.models import load_catalogue, resolve_model
 from predictor.quants import normalize_engine
 from predictor.scenario import DEFAULT_PROMPT_TOKENS, Scenario, require_context
@@ -99,6 +100,8 @@ def scenario_from_args(args, dev: Device) -> Scenario:
 
 
 def cmd_predict(args) -> int:
+    if args.concurrency and args.request_rate:
+        raise BenchcalError("--concurrency and --request-rate describe two loads: give one of them")
     if args.prompt is not None and args.prompt > args.ctx:
         raise BenchcalError(f"--prompt {args.prompt} does not fit the context of {args.ctx} tokens (--ctx)")
     args.prompt = args.prompt or min(DEFAULT_PROMPT_TOKENS, args.ctx)
@@ -113,6 +116,10 @@ def cmd_predict(args) -> int:
         load = predict_load(scenario, args.concurrency, args.output_tokens, coefficients=table,
                             overheads=table.serving_fit(est.engine, dev.id))
         add_load_section(report, load)
+    if args.request_rate:
+        rate = predict_rate(scenario, args.request_rate, args.output_tokens, coefficients=table,
+                            overheads=table.serving_fit(est.engine, dev.id))
+        add_rate_section(report, rate)
     emit(render(report, args.format), args)
     return 0
 
@@ -197,8 +204,11 @@ def register(sub) -> None:
                    "take (default 8192): the profile run's activation peak grows with it")
     p.add_argument("--concurrency", type=positive_int, default=None, help="also predict the server under this many "
                    "requests in flight (--prompt-token prompts, --output-tokens each): throughput, TTFT, TPOT")
-    p.add_argument("--output-tokens", type=positive_int, default=256, help="with --concurrency: tokens generated per "
-                   "request (default 256)")
+    p.add_argument("--request-rate", type=positive_float, default=None, help="also predict the server under Poisson "
+                   "arrivals at this many requests per second: capacity, throughput, TTFT/TPOT/end-to-end mean, p50, "
+                   "p90, p99 (simulated over 1,000 requests)")
+    p.add_argument("--output-tokens", type=positive_int, default=256, help="with --concurrency or --request-rate: "
+                   "tokens generated per request (default 256)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("leaderboard", help="every device: status, total/usable, decode, TTFT, max safe context",

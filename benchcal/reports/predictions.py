@@ -398,3 +398,27 @@ def add_load_section(rep: Report, load: dict) -> None:
     ])
     if isinstance(rep.data, dict):
         rep.data["load"] = load
+
+
+def add_rate_section(rep: Report, load: dict) -> None:
+    """The Poisson-arrival figures (:func:`predictor.load.predict_rate`) as a section and as ``load`` in the report's
+    data."""
+    mode = {"serial": "one request at a time", "continuous": "continuous batching"}[load["mode"]]
+    rows = [["Capacity", f"{load['capacity_requests_per_s']:.3g} requests / s (utilization {load['utilization']:.0%})"]]
+    if load["saturated"]:
+        rows.append(["Latency", "unbounded: the arrival rate is at or above the capacity, so the queue grows "
+                                "without end"])
+    else:
+        rows += [["Requests / s", f"{load['request_throughput']:.3g}"],
+                 ["Output tokens / s", f"{load['output_tok_s']:.1f}"]]
+        for label, key, nd in (("TTFT", "ttft_ms", 1), ("TPOT", "tpot_ms", 2), ("End-to-end", "e2el_ms", 0)):
+            d = load[key]
+            rows.append([f"{label} mean / p50 / p90 / p99",
+                         " / ".join(f"{d[k]:.{nd}f}" for k in ("mean", "p50", "p90", "p99")) + " ms"])
+    rows += [["Requests", f"{load['prompt_tokens']:,}-token prompts, {load['output_tokens']:,} tokens out; "
+                          f"{load['requests_simulated']:,} Poisson arrivals simulated (seed {load['seed']}), the first "
+                          f"{load['warmup']} left out"],
+             ["Server terms", load["overheads"]["source"]]]
+    rep.add(f"Serving under load: {load['request_rate']:g} requests / s ({mode})", "kv", rows)
+    if isinstance(rep.data, dict):
+        rep.data["load"] = load

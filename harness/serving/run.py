@@ -154,7 +154,8 @@ def run_serving(
                         duration_s=serve["duration_s"], timeout_s=serve["request_timeout_s"], seed=rng_seed + offset))
                 offset += serve["requests"]
                 summary = level_summary(results, wall, prompt_tokens)
-                measured.append({**level, **summary, "server_metrics": watch.summary(),
+                arrivals = rng_seed + base if level["request_rate"] is not None else None  # the Poisson draw's seed
+                measured.append({**level, **summary, "arrival_seed": arrivals, "server_metrics": watch.summary(),
                                  "peak_bytes_so_far": process.memory().get("peak_bytes")})
     except ServerFailed as exc:
         failed = exc
