@@ -267,13 +267,8 @@ def predict_rate(scenario: Scenario, request_rate: float, output_tokens: int, *,
     (``overheads``, as for :func:`predict_load`)."""
     fit = {**OVERHEADS, **{k: v for k, v in (overheads or {}).items() if k in OVERHEADS and v is not None}}
     mode = serving_mode(str(scenario.engine))
-    limit = int(max_num_seqs or scenario.max_num_seqs or DEFAULT_MAX_NUM_SEQS)
-    if mode == "continuous":  # no more sequences run than the KV pool holds at their full length
-        pool = (predict_scenario(scenario.replace(batch=1), coefficients, launch=False).serving or {}).get(
-            "kv_pool_tokens")
-        if pool:
-            limit = max(1, min(limit, int(pool) // (int(scenario.prompt_tokens) + max(int(output_tokens), 1))))
-    prefill, step = step_curve(scenario, output_tokens, 1 if mode == "serial" else limit, coefficients)
+    limit = running_limit(scenario, output_tokens, coefficients, max_num_seqs) if mode == "continuous" else 1
+    prefill, step = step_curve(scenario, output_tokens, limit, coefficients)
     figures = rate_figures(mode, float(request_rate), output_tokens, prefill, step, max_num_seqs=limit,
                            prompt_tokens=int(scenario.prompt_tokens),
                            max_num_batched_tokens=scenario.max_num_batched_tokens or VLLM_MAX_BATCHED_TOKENS,
@@ -282,3 +277,56 @@ def predict_rate(scenario: Scenario, request_rate: float, output_tokens: int, *,
     source = (overheads or {}).get("source") or "uncalibrated: no serving run fitted (prefill_scale 1, overheads 0)"
     return {"mode": mode, "prompt_tokens": int(scenario.prompt_tokens), "output_tokens": int(output_tokens),
             **figures, "overheads": {**fit, "source": source}}
+
+
+def running_limit(scenario: Scenario, output_tokens: int, coefficients: Any = "default",
+                  max_num_seqs: int | None = None) -> int:
+    """The most sequences a batching server runs at once: ``max_num_seqs`` (vLLM's 256 by default), and no more
+    than its KV pool holds at their full length (prompt + output)."""
+    limit = int(max_num_seqs or scenario.max_num_seqs or DEFAULT_MAX_NUM_SEQS)
+    pool = (predict_scenario(scenario.replace(batch=1), coefficients, launch=False).serving or {}).get("kv_pool_tokens")
+    if pool:
+        limit = max(1, min(limit, int(pool) // (int(scenario.prompt_tokens) + max(int(output_tokens), 1))))
+    return limit
+
+
+def max_concurrency(scenario: Scenario, output_tokens: int, *, max_ttft_ms: float | None = None,
+                    max_tpot_ms: float | None = None, coefficients: Any = "default",
+                    overheads: Mapping[str, Any] | None = None, max_num_seqs: int | None = None,
+                    largest: int = 4096) -> dict[str, Any] | None:
+    """The most requests in flight (closed loop, :func:`serving_figures`) whose TTFT is at most ``max_ttft_ms`` and
+    TPOT at most ``max_tpot_ms``, with its figures; None when one request alone misses the target. A batching server
+    is searched up to its running limit (:func:`running_limit`); one that serves a request at a time up to
+    ``largest`` (the others wait: its throughput is the same at any load), and with no TTFT target it is given one
+    (nothing else bounds the wait). Both figures grow with the requests in flight, so the search is a bisection."""
+    fit = {**OVERHEADS, **{k: v for k, v in (overheads or {}).items() if k in OVERHEADS and v is not None}}
+    mode = serving_mode(str(scenario.engine))
+    if mode == "continuous":
+        top, cap = running_limit(scenario, output_tokens, coefficients, max_num_seqs), "running limit"
+    elif max_ttft_ms is None:  # more in flight only queue: TPOT is the same, and nothing bounds the wait
+        top, cap = 1, "one request at a time"
+    else:
+        top, cap = largest, "search limit"
+    prefill, step = step_curve(scenario, output_tokens, top if mode == "continuous" else 1, coefficients)
+
+    def at(c: int) -> dict[str, float]:
+        return serving_figures(mode, c, output_tokens, prefill, step(1), step(min(c, top)), max_num_seqs=top,
+                               **{k: float(v) for k, v in fit.items()})
+
+    def ok(figures: Mapping[str, float]) -> bool:
+        return ((max_ttft_ms is None or figures["ttft_ms"] <= max_ttft_ms)
+                and (max_tpot_ms is None or figures["tpot_ms"] <= max_tpot_ms))
+
+    if not ok(at(1)):
+        return None
+    lo, hi = 1, top
+    if ok(at(hi)):
+        lo = hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(at(mid)) else (lo, mid)
+    figures = at(lo)
+    return {"mode": mode, "concurrency": lo, "limit": top, "limited_by": "target" if lo < top else cap,
+            **{k: round(v, 4) for k, v in figures.items()},
+            "overheads": {**fit, "source": (overheads or {}).get("source")
+                          or "uncalibrated: no serving run fitted (prefill_scale 1, overheads 0)"}}

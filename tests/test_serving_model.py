@@ -168,3 +168,31 @@ def test_bad_request_rates_are_one_line_and_exit_2(argv):
     p = subprocess.run([sys.executable, "-m", "benchcal", "predict", "--model", "qwen2.5-7b", "--gpu", "h100-sxm",
                         *argv], capture_output=True, text=True)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_the_most_requests_in_flight_within_a_latency_target():
+    from predictor.load import max_concurrency
+
+    s = Scenario("qwen2.5-7b", "h100-sxm", engine="vllm", prompt_tokens=1024)
+    loose = max_concurrency(s, 128, max_ttft_ms=2000, max_tpot_ms=50, coefficients=None)
+    tight = max_concurrency(s, 128, max_ttft_ms=500, max_tpot_ms=50, coefficients=None)
+    assert tight["concurrency"] < loose["concurrency"] <= loose["limit"]
+    assert loose["ttft_ms"] <= 2000 and loose["tpot_ms"] <= 50
+    # one more request in flight would break the target
+    over = predict_load(s, loose["concurrency"] + 1, 128, coefficients=None)
+    assert loose["limited_by"] == "running limit" or over["ttft_ms"] > 2000 or over["tpot_ms"] > 50
+    assert max_concurrency(s, 128, max_ttft_ms=0.001, coefficients=None) is None
+
+
+def test_recommend_lists_the_serving_capacity_and_cost_at_a_latency_target(capsys):
+    from benchcal.cli import main
+
+    assert main(["recommend", "--model", "llama-3.1-8b", "--ctx", "8192", "--engine", "vllm", "--prompt", "1024",
+                 "--max-ttft-ms", "1000", "--max-tpot-ms", "40", "--output-tokens", "128", "--format", "json"]) == 0
+    target = json.loads(capsys.readouterr().out)["serving_target"]
+    assert target["max_ttft_ms"] == 1000 and target["devices"]
+    for row in target["devices"]:
+        assert row["concurrency"] >= 1 and row["ttft_ms"] <= 1000 and row["tpot_ms"] <= 40
+        if row["cloud_usd_per_hour"]:
+            expected = row["cloud_usd_per_hour"] / (row["output_tok_s"] * 3600) * 1e6
+            assert row["usd_per_1m_output_tokens"] == pytest.approx(expected, rel=1e-3)

@@ -161,8 +161,12 @@ def cmd_recommend(args) -> int:
     require_context(arch, args.ctx)
     if args.budget is not None:
         positive("--budget", args.budget)
+    if args.prompt is not None and args.prompt > args.ctx:
+        raise BenchcalError(f"--prompt {args.prompt} does not fit the context of {args.ctx} tokens (--ctx)")
     rep = recommend_report(arch, args.ctx, args.quant, engine, min_decode=args.min_decode or 0.0,
-                           budget_usd=args.budget, table=_table(args))
+                           budget_usd=args.budget, table=_table(args), max_ttft_ms=args.max_ttft_ms,
+                           max_tpot_ms=args.max_tpot_ms, output_tokens=args.output_tokens,
+                           prompt_tokens=args.prompt or min(DEFAULT_PROMPT_TOKENS, args.ctx))
     emit(render(rep, args.format), args)
     return 0
 
@@ -234,6 +238,14 @@ def register(sub) -> None:
     _add_common(p, gpu=False)
     p.add_argument("--min-decode", type=non_negative_float, default=None, help="minimum decode speed, tok/s")
     p.add_argument("--budget", type=positive_float, default=None, help="maximum purchase price, USD")
+    p.add_argument("--prompt", type=positive_int, default=None, help="prompt length for TTFT, tokens (default 4096, "
+                   "or the context when shorter)")
+    p.add_argument("--max-ttft-ms", type=positive_float, default=None, help="serving target: also list, per device, "
+                   "the most requests in flight whose time to first token stays within this many ms, and the cost per "
+                   "1M output tokens at that load")
+    p.add_argument("--max-tpot-ms", type=positive_float, default=None, help="serving target: time per output token, ms")
+    p.add_argument("--output-tokens", type=positive_int, default=256, help="with a serving target: tokens generated "
+                   "per request (default 256)")
     p.set_defaults(func=cmd_recommend)
 
     p = sub.add_parser("models", help="list the model catalogue", formatter_class=RAW,

@@ -18,6 +18,7 @@ from predictor.devices import Device, load_devices
 from predictor.engines import traits
 from predictor.estimate import GIB, VERDICTS, Estimate, predict
 from predictor.grid import sweep_scenario
+from predictor.load import max_concurrency
 from predictor.quants import QuantFormat, quant_formats, resolve_kv_dtype, resolve_quant
 from predictor.registry import REGISTRY
 from predictor.scenario import Scenario
@@ -292,11 +293,15 @@ def _decode_or_zero(values: dict[str, float]) -> float:
 
 def recommend_report(arch: ModelArch, context: int, quant: str | None = None, engine: str = "llama.cpp", *,
                      min_decode: float = 0.0, budget_usd: float | None = None, table: Coefficients | None = None,
-                     prompt_tokens: int = 4096, rig_sizes: Sequence[int] = (1, 2, 4, 8)) -> Report:
+                     prompt_tokens: int = 4096, rig_sizes: Sequence[int] = (1, 2, 4, 8),
+                     max_ttft_ms: float | None = None, max_tpot_ms: float | None = None,
+                     output_tokens: int = 256) -> Report:
     """Best single GPU, best value, unified memory, multi-GPU and cheapest cloud device that fit.
 
     A candidate must fit ("fits" verdict), decode at least ``min_decode`` tok/s and cost at most
     ``budget_usd`` (purchase price x count; devices without a price are left out when a budget is set).
+    With ``max_ttft_ms`` and/or ``max_tpot_ms``, also each single device's serving capacity at that latency target
+    (:func:`add_serving_target_section`).
     """
     q = resolve_quant(quant or traits(engine).leaderboard_quant, engine)
     devs = [d for d in load_devices() if engine in d.engines and d.kind != "cpu"]
@@ -375,7 +380,55 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
     if series:
         rep.charts.append(Chart(f"Decode speed at a full context ({q.id})", "context (tokens)", "tok/s", series))
     rep.add("Launch commands", "code", commands)
+    if max_ttft_ms is not None or max_tpot_ms is not None:
+        singles = [(c[0], c[3]) for c in candidates if c[1] == 1]
+        add_serving_target_section(rep, arch, q.id, context, engine, singles, table=table,
+                                   prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                                   max_ttft_ms=max_ttft_ms, max_tpot_ms=max_tpot_ms)
     return rep
+
+
+SERVING_TARGET_ROWS = 15  # devices listed in the serving-target section (all of them in the JSON)
+
+
+def add_serving_target_section(rep: Report, arch: ModelArch, quant: str, context: int, engine: str,
+                               devices: Sequence[tuple[Device, float | None]], *, table: Coefficients | None,
+                               prompt_tokens: int, output_tokens: int, max_ttft_ms: float | None,
+                               max_tpot_ms: float | None) -> None:
+    """For each device, the most requests in flight that keep TTFT and TPOT within the target
+    (:func:`predictor.load.max_concurrency`: a closed loop of equal requests, so its TTFT is every request's, p50 and
+    p99 alike), its output tokens/s there, and the cost per 1M output tokens at that load where the catalogue has a
+    cloud price (price per hour / tokens per hour)."""
+    target = " and ".join(t for t in (f"TTFT <= {max_ttft_ms:g} ms" if max_ttft_ms is not None else "",
+                                      f"TPOT <= {max_tpot_ms:g} ms" if max_tpot_ms is not None else "") if t)
+    found = []
+    for d, _price in devices:
+        scenario = Scenario(arch, device=d, engine=engine, quant=quant, context=context, prompt_tokens=prompt_tokens)
+        overheads = table.serving_fit(engine, d.id) if table is not None else None
+        best = max_concurrency(scenario, output_tokens, max_ttft_ms=max_ttft_ms, max_tpot_ms=max_tpot_ms,
+                               coefficients=table or "default", overheads=overheads)
+        if best is None:
+            continue
+        hourly = d.cloud_usd_per_hour
+        per_million = hourly / (best["output_tok_s"] * 3600.0) * 1e6 if hourly and best["output_tok_s"] > 0 else None
+        found.append({"device": d.id, "name": d.name, **best, "cloud_usd_per_hour": hourly,
+                      "usd_per_1m_output_tokens": round(per_million, 4) if per_million is not None else None})
+    found.sort(key=lambda r: (-r["output_tok_s"], r["device"]))
+    rows = [[r["name"], r["concurrency"], f"{r['output_tok_s']:.0f}", f"{r['ttft_ms']:.0f}", f"{r['tpot_ms']:.1f}",
+             f"${r['cloud_usd_per_hour']:.2f}" if r["cloud_usd_per_hour"] else "—",
+             f"${r['usd_per_1m_output_tokens']:.3f}" if r["usd_per_1m_output_tokens"] is not None else "—",
+             r["limited_by"]] for r in found[:SERVING_TARGET_ROWS]]
+    if not rows:
+        rows = [["none meets the target with one request in flight", "—", "—", "—", "—", "—", "—", "—"]]
+    calibrated = sum(not r["overheads"]["source"].startswith("uncalibrated") for r in found)
+    rep.add(f"Serving at {target} ({prompt_tokens:,}-token prompts, {output_tokens:,} tokens out; "
+            f"{len(found)} of {len(devices)} devices meet it; server terms fitted for {calibrated})", "table", rows,
+            ["Device", "Requests in flight", "Output tok/s", "TTFT ms", "TPOT ms", "Cloud $/h", "$ / 1M output tokens",
+             "Limited by"])
+    if isinstance(rep.data, dict):
+        rep.data["serving_target"] = {"max_ttft_ms": max_ttft_ms, "max_tpot_ms": max_tpot_ms,
+                                      "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+                                      "devices": found}
 
 
 def _finite(x: float, nd: int) -> float | None:
