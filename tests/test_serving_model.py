@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +197,41 @@ def test_recommend_lists_the_serving_capacity_and_cost_at_a_latency_target(capsy
         if row["cloud_usd_per_hour"]:
             expected = row["cloud_usd_per_hour"] / (row["output_tok_s"] * 3600) * 1e6
             assert row["usd_per_1m_output_tokens"] == pytest.approx(expected, rel=1e-3)
+
+
+SERVING_RECORDS = Path(__file__).parent / "data" / "serving" / "records"
+
+
+def test_request_rate_levels_are_predicted_from_the_concurrency_fit_never_fitted():
+    from calibration.serving import fit_serving
+
+    fits = fit_serving([SERVING_RECORDS])
+    for engine in ("llama.cpp", "vllm"):
+        (fit,) = fits[engine].values()
+        assert fit["concurrency"] == [1, 2, 4, 8]  # the rate level is not among the fitted levels
+        (rate,) = fit["request_rates"]
+        assert rate["request_rate"] == 4.0 and rate["requests"] == 16
+        for key in ("output_tok_s", "ttft_p50_ms", "tpot_p50_ms"):
+            assert rate[key]["measured"] > 0 and rate[key]["predicted"] > 0
+
+
+def test_report_shows_serving_runs_measured_against_predicted(capsys, tmp_path):
+    from benchcal.cli import main
+
+    assert main(["report", "--runs-dir", str(SERVING_RECORDS), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["serving"]
+    assert {r["check"] for r in rows} == {"in-sample", "held out", "never fitted"}
+    assert {r["engine"] for r in rows} == {"llama.cpp", "vllm"}
+    out = tmp_path / "report.html"
+    assert main(["report", "--runs-dir", str(SERVING_RECORDS), "--format", "html", "--output", str(out)]) == 0
+    assert out.read_text().count("<svg") == 4  # throughput and TTFT against the requests in flight, per engine
+
+
+def test_predict_html_draws_the_load_curves(tmp_path):
+    from benchcal.cli import main
+
+    for flag, value in (("--concurrency", "8"), ("--request-rate", "2")):
+        out = tmp_path / f"{flag}.html"
+        assert main(["predict", "--model", "qwen2.5-7b", "--gpu", "h100-sxm", "--engine", "vllm", "--prompt", "1024",
+                     flag, value, "--format", "html", "--output", str(out)]) == 0
+        assert "Serving: " in out.read_text()

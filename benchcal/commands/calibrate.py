@@ -120,12 +120,22 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from benchcal.reports.calibration import build_report
-    from benchcal.reports.render import render
+    from benchcal.reports.calibration import add_serving_section, build_report
+    from benchcal.reports.render import Report, render
+    from calibration.dataset import load_dataset
 
     table = _table(args.coefficients)
-    dataset, _dirs = _dataset(args)
-    report = build_report(dataset, table, charts=args.format == "html")
+    dirs = _runs_dirs(args, None)
+    dataset = load_dataset(dirs)
+    if len(dataset.observations.runs):
+        report = build_report(dataset, table, charts=args.format == "html")
+    else:  # serving runs only (they are not batch runs)
+        report = Report(title="benchcal: measured vs predicted", subtitle=f"serving runs under {', '.join(dirs)}",
+                        data={"schema": "benchcal.report/1", "coefficients": table.source})
+    add_serving_section(report, dirs, table, charts=args.format == "html")
+    if not report.sections:
+        raise BenchcalError(f"no run records under {', '.join(dirs)} (measure with `benchcal bench` or "
+                            "`benchcal import`)")
     _emit(render(report, args.format), args.output)
     return 0
 

@@ -13,8 +13,10 @@ from benchcal.reports.predictions import (
     catalogue_devices_report,
     catalogue_models_report,
     leaderboard_report,
+    load_curve_charts,
     matrix_report,
     predict_report,
+    rate_curve_charts,
     recommend_report,
 )
 from benchcal.reports.render import FORMATS, render
@@ -112,14 +114,24 @@ def cmd_predict(args) -> int:
     scenario = scenario_from_args(args, dev)
     est = predict_scenario(scenario, table)
     report = predict_report(est, table)
+    fit = table.serving_fit(est.engine, dev.id) if (args.concurrency or args.request_rate) else None
     if args.concurrency:
-        load = predict_load(scenario, args.concurrency, args.output_tokens, coefficients=table,
-                            overheads=table.serving_fit(est.engine, dev.id))
+        load = predict_load(scenario, args.concurrency, args.output_tokens, coefficients=table, overheads=fit)
         add_load_section(report, load)
+        if args.format == "html":  # the curves around the load asked for
+            levels = sorted({2 ** k for k in range(0, 12) if 2 ** k <= max(16, 2 * args.concurrency)}
+                            | {args.concurrency})
+            report.charts += load_curve_charts([
+                predict_load(scenario, c, args.output_tokens, coefficients=table, overheads=fit) for c in levels])
     if args.request_rate:
-        rate = predict_rate(scenario, args.request_rate, args.output_tokens, coefficients=table,
-                            overheads=table.serving_fit(est.engine, dev.id))
+        rate = predict_rate(scenario, args.request_rate, args.output_tokens, coefficients=table, overheads=fit)
         add_rate_section(report, rate)
+        if args.format == "html":  # from a tenth of the capacity to just under it, and the rate asked for
+            capacity = rate["capacity_requests_per_s"]
+            rates = sorted({round(capacity * f, 4) for f in (0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95)}
+                           | ({args.request_rate} if args.request_rate < capacity else set()))
+            report.charts += rate_curve_charts([
+                predict_rate(scenario, r, args.output_tokens, coefficients=table, overheads=fit) for r in rates])
     emit(render(report, args.format), args)
     return 0
 

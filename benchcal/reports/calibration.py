@@ -127,3 +127,53 @@ def build_report(dataset: Dataset, calibrated: Coefficients, *, title: str = "be
     if charts:
         rep.charts = _charts(rows_by_q)
     return rep
+
+
+def _pct_or_dash(x: float | None) -> str:
+    return "—" if x is None else f"{x:+.1%}"
+
+
+def add_serving_section(rep: Report, runs_dirs, table: Coefficients, charts: bool = True) -> None:
+    """Serving runs (``benchcal bench --serve``): each level measured against the serving model fitted on these runs
+    (:func:`calibration.serving.fit_serving`; in-sample, the highest concurrency held out, and request rates, which
+    no fit sees), and, with ``charts``, throughput and TTFT against the requests in flight, measured and
+    predicted. Nothing is added when no serving run was measured."""
+    from calibration.serving import fit_serving
+
+    fits = fit_serving(list(runs_dirs), table)
+    rows, data = [], []
+    for engine, devices in fits.items():
+        for device, fit in devices.items():
+            for label, checks in (("in-sample", fit["in_sample"]), ("held out", fit["held_out"]),
+                                  ("never fitted", fit["request_rates"])):
+                for c in checks:
+                    load = (f"concurrency {c['concurrency']}" if "concurrency" in c
+                            else f"{c['request_rate']:g} requests/s")
+                    out, ttft = c["output_tok_s"], c["ttft_p50_ms"]
+                    rows.append([engine, device, label, load, _round(out["measured"], 1), _round(out["predicted"], 1),
+                                 _pct_or_dash(out["error"]), _round(ttft["measured"], 1),
+                                 _round(ttft["predicted"], 1), _pct_or_dash(ttft["error"])])
+                    data.append({"engine": engine, "device": device, "check": label, **c})
+            if charts:
+                points = sorted(fit["in_sample"], key=lambda c: c["concurrency"])
+                xs = [c["concurrency"] for c in points]
+                name = f"{engine} on {device}"
+                rep.charts.append(Chart(f"Serving: output tokens/s vs requests in flight — {name}",
+                                        "requests in flight", "output tok/s", {
+                                            "measured": (xs, [c["output_tok_s"]["measured"] for c in points]),
+                                            "predicted (fitted on these levels)":
+                                                (xs, [c["output_tok_s"]["predicted"] for c in points])}))
+                rep.charts.append(Chart(f"Serving: TTFT p50 vs requests in flight — {name}", "requests in flight",
+                                        "TTFT p50 ms", {
+                                            "measured": (xs, [c["ttft_p50_ms"]["measured"] for c in points]),
+                                            "predicted (fitted on these levels)":
+                                                (xs, [c["ttft_p50_ms"]["predicted"] for c in points])}))
+    if not rows:
+        return
+    rep.add("Serving under load: measured vs predicted", "table", rows,
+            ["engine", "device", "check", "load", "out tok/s measured", "predicted", "error", "TTFT p50 ms measured",
+             "predicted", "error"],
+            note="The serving model's server terms fitted on these runs' concurrency levels; 'held out' refits without "
+                 "each run's highest concurrency; request-rate levels are never fitted.")
+    if isinstance(rep.data, dict):
+        rep.data["serving"] = data

@@ -475,3 +475,28 @@ def add_rate_section(rep: Report, load: dict) -> None:
     rep.add(f"Serving under load: {load['request_rate']:g} requests / s ({mode})", "kv", rows)
     if isinstance(rep.data, dict):
         rep.data["load"] = load
+
+
+def load_curve_charts(points: Sequence[dict]) -> list[Chart]:
+    """Throughput and latency against the requests in flight, from :func:`predictor.load.predict_load` at several
+    concurrencies (``points``)."""
+    xs = [p["concurrency"] for p in points]
+    return [
+        Chart("Serving: output tokens/s vs requests in flight (predicted)", "requests in flight", "output tok/s",
+              {"predicted": (xs, [p["output_tok_s"] for p in points])}),
+        Chart("Serving: latency vs requests in flight (predicted)", "requests in flight", "ms",
+              {"TTFT": (xs, [p["ttft_ms"] for p in points]), "TPOT": (xs, [p["tpot_ms"] for p in points])}),
+    ]
+
+
+def rate_curve_charts(points: Sequence[dict]) -> list[Chart]:
+    """TTFT and end-to-end percentiles against the request rate, from :func:`predictor.load.predict_rate` below the
+    capacity (``points``; saturated ones are left out)."""
+    ok = [p for p in points if not p["saturated"]]
+    xs = [p["request_rate"] for p in ok]
+    return [
+        Chart("Serving: TTFT vs request rate (predicted, Poisson arrivals)", "requests / s", "TTFT ms",
+              {f"p{q}": (xs, [p["ttft_ms"][f"p{q}"] for p in ok]) for q in (50, 90, 99)}),
+        Chart("Serving: output tokens/s vs request rate (predicted)", "requests / s", "output tok/s",
+              {"predicted": (xs, [p["output_tok_s"] for p in ok])}),
+    ] if ok else []
