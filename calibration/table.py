@@ -202,36 +202,71 @@ def fit_table(dataset: Dataset, masks: dict[str, np.ndarray] | None = None, *, n
             continue
         eng: dict[str, Any] = {"default": {}, "families": {}, "devices": {}}
         table["engines"][engine] = eng
-        for scope in scopes_of(dataset, engine, masks):
-            family = _device_family(dataset, scope.scope[7:]) if scope.scope.startswith("device:") else None
-            label = {"engine": "engine default", "family": "engine scope", "device": "family scope"}[
-                scope.scope.split(":")[0]]
-            entry: dict[str, Any] = {}
-            parent = _parent_values(table, engine, scope.scope, family, prior,
-                                    scope.scope[7:] if scope.scope.startswith("device:") else None)
-            for quantity in QUANTITIES:
-                fitted = fit_scope_quantity(dataset.blocks[quantity], scope.masks[quantity], parent,
-                                            n_boot=n_boot, rng=rng, scope_label=label)
-                entry.update(fitted)
-                parent.update({name: item["value"] for name, item in fitted.items()})
-            if not entry:
-                continue
-            if scope.scope.startswith("device:"):
-                entry.update(host_figures(dataset, engine, scope.scope[7:], masks))
-            if scope.scope == "engine":
-                eng["default"] = entry
-            elif scope.scope.startswith("family:"):
-                eng["families"][scope.scope[7:]] = entry
-            else:
-                eng["devices"][scope.scope[7:]] = entry
+        scopes = scopes_of(dataset, engine, masks)
+        for scope in scopes:
+            _fit_scope(dataset, table, eng, engine, scope, prior, n_boot, rng, masks)
         physics = fit_physics_prior(eng, engine)
         if physics:
             eng["physics"] = physics
         overlays, checks = fit_era_overlays(dataset, table, engine, masks, prior)
         if overlays:
             eng["eras"] = overlays
+            # A family or device measured on one era's builds alone starts from that era's values, not from the
+            # pooled ones (mostly other eras'), for what its runs cannot identify: refitted against them.
+            for scope in scopes:
+                era = _single_era(dataset, scope, overlays)
+                if era is not None:
+                    _fit_scope(dataset, table, eng, engine, scope, prior, n_boot, rng, masks, era_values=era)
         if checks:
             eng["era_checks"] = checks
     return table
+
+
+def _single_era(dataset: Dataset, scope: ScopeRows, overlays: dict[str, Any]) -> dict[str, float] | None:
+    """The era values a family or device scope starts from when every run it is fitted on is of one era with an
+    overlay for its device kind (None otherwise, and for the engine scope)."""
+    if scope.scope == "engine":
+        return None
+    eras, kinds = set(), set()
+    for quantity in QUANTITIES:
+        meta = dataset.blocks[quantity].meta
+        rows = scope.masks[quantity] & dataset.blocks[quantity].fittable
+        eras |= {str(e) if isinstance(e, str) else None for e in meta["era"].to_numpy()[rows]}
+        kinds |= set(meta["kind"].to_numpy()[rows])
+    if len(eras) != 1 or len(kinds) != 1 or None in eras:
+        return None
+    entry = ((overlays.get(next(iter(eras))) or {}).get("kinds") or {}).get(next(iter(kinds))) or {}
+    values = {name: float(item["value"]) for name, item in entry.items()
+              if isinstance(item, dict) and "value" in item and item.get("identified", True)}
+    return values or None
+
+
+def _fit_scope(dataset: Dataset, table: dict[str, Any], eng: dict[str, Any], engine: str, scope: ScopeRows,
+               prior: Coefficients | None, n_boot: int, rng: np.random.Generator,
+               masks: dict[str, np.ndarray] | None, era_values: dict[str, float] | None = None) -> None:
+    """Fit one scope's quantities from its parent's values (overlaid with ``era_values``) and store it."""
+    family = _device_family(dataset, scope.scope[7:]) if scope.scope.startswith("device:") else None
+    label = {"engine": "engine default", "family": "engine scope", "device": "family scope"}[scope.scope.split(":")[0]]
+    entry: dict[str, Any] = {}
+    parent = _parent_values(table, engine, scope.scope, family, prior,
+                            scope.scope[7:] if scope.scope.startswith("device:") else None)
+    if era_values:
+        parent.update({k: v for k, v in era_values.items() if k in parent})
+        label += " and build era"
+    for quantity in QUANTITIES:
+        fitted = fit_scope_quantity(dataset.blocks[quantity], scope.masks[quantity], parent,
+                                    n_boot=n_boot, rng=rng, scope_label=label)
+        entry.update(fitted)
+        parent.update({name: item["value"] for name, item in fitted.items()})
+    if not entry:
+        return
+    if scope.scope.startswith("device:"):
+        entry.update(host_figures(dataset, engine, scope.scope[7:], masks))
+    if scope.scope == "engine":
+        eng["default"] = entry
+    elif scope.scope.startswith("family:"):
+        eng["families"][scope.scope[7:]] = entry
+    else:
+        eng["devices"][scope.scope[7:]] = entry
 
 

@@ -173,8 +173,8 @@ class Coefficients:
             if name not in era_terms(engine) or not isinstance(item, dict) or not item.get("identified", True):
                 continue
             own = (entries.get(origin.get(name, "")) or {}).get(name)
-            if isinstance(own, dict) and _entry_eras(engine, own) == {era}:
-                continue  # fitted on this era's runs alone
+            if isinstance(own, dict) and own.get("identified", True) and _entry_eras(engine, own) == {era}:
+                continue  # fitted on this era's runs alone (a value held at its parent's is not)
             values[name] = float(item["value"])
             origin[name] = f"era:{era}/{kind}"
             applied = era

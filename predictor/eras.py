@@ -134,13 +134,16 @@ def era_by_id(engine: str, era_id: str) -> Era | None:
 
 
 def era_description(engine: str, kind: str, era: str | None, build: str | int | None,
-                    cset: Any) -> dict[str, Any]:
-    """Which engine build era a prediction used (``cset``: its CoefficientSet): ``{id, label, build, applied,
-    note}``."""
+                    cset: Any, overlay: bool = False) -> dict[str, Any]:
+    """Which engine build era a prediction used (``cset``: its CoefficientSet; ``overlay``: the table has era values
+    for ``era`` on ``kind`` devices): ``{id, label, build, applied, note}``."""
     found = era_by_id(engine, era) if era else None
     if cset.era:
         terms = sorted(k for k, v in cset.origin.items() if v.startswith("era:"))
         note = f"era {cset.era} ({found.label if found else ''}): {', '.join(terms)} fitted on that era's {kind} runs"
+    elif era and overlay:
+        note = (f"era {era} ({found.label if found else ''}): the {cset.scope} scope was fitted on that era's runs "
+                "alone, so its own values stand for the era")
     elif era:
         note = (f"era {era} ({found.label if found else ''}): no values fitted for this era on {kind} devices "
                 "(its runs show no difference, or there are none); coefficients pooled over every build measured")

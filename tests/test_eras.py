@@ -123,3 +123,29 @@ def test_era_values_are_kept_only_where_they_bring_the_eras_runs_closer():
         assert bool(fitted) == check["kept"]
     era = dataset.blocks["decode"].meta["era"]
     assert set(era.dropna()) <= {"2024", "2025", "v1"} and np.mean(era.notna()) > 0.9
+
+
+def test_a_value_held_at_its_parents_is_not_the_eras_own():
+    """A scope of one era's runs keeps what it fitted; what it could not identify (held at the pooled parent value)
+    takes the era's value, and the prediction says which happened."""
+    table = json.loads(json.dumps(TABLE))
+    table["engines"]["llama.cpp"]["devices"]["new-gpu"]["decode_bw_efficiency"] = {
+        "value": 0.9, "identified": False, "eras": ["2025"]}
+    table["engines"]["llama.cpp"]["eras"]["2025"]["kinds"]["gpu"]["decode_bw_efficiency"]["value"] = 0.1
+    coefficients = Coefficients(table)
+    new = coefficients.lookup("llama.cpp", "new-gpu", "x", "2025", "gpu")
+    assert new["decode_fixed_per_layer_us"] == 20.0  # fitted on the era's runs alone: its own
+    assert new["decode_bw_efficiency"] == 0.9  # not an era term: never replaced
+    held = json.loads(json.dumps(TABLE))
+    held["engines"]["llama.cpp"]["devices"]["new-gpu"]["decode_fixed_per_layer_us"]["identified"] = False
+    assert Coefficients(held).lookup("llama.cpp", "new-gpu", "x", "2025", "gpu")["decode_fixed_per_layer_us"] == 30.0
+
+
+def test_a_scope_fitted_on_its_eras_runs_alone_says_so(tmp_path):
+    from predictor.eras import era_description
+
+    cset = Coefficients(TABLE).lookup("llama.cpp", "new-gpu", "x", "2025", "gpu")
+    note = era_description("llama.cpp", "gpu", "2025", None, cset, overlay=True)
+    assert not note["applied"] and "fitted on that era's runs alone" in note["note"]
+    assert "no values fitted" in era_description("llama.cpp", "gpu", "2025", None, cset)["note"]
+
