@@ -149,3 +149,13 @@ def test_a_scope_fitted_on_its_eras_runs_alone_says_so(tmp_path):
     assert not note["applied"] and "fitted on that era's runs alone" in note["note"]
     assert "no values fitted" in era_description("llama.cpp", "gpu", "2025", None, cset)["note"]
 
+
+def test_the_shipped_table_starts_a_scope_of_one_eras_runs_from_that_eras_values():
+    from predictor.coefficients import default_coefficients_path
+
+    table = json.loads(default_coefficients_path().read_text())
+    eng = table["engines"]["llama.cpp"]
+    overlay = eng["eras"]["2025"]["kinds"]["gpu"]
+    scope = eng["devices"]["rtx-pro-6000"]  # three runs, all of build 6413
+    for name in ("decode_fixed_per_layer_us", "prefill_fixed_ms", "prefill_compute_efficiency"):
+        assert not scope[name]["identified"] and scope[name]["value"] == overlay[name]["value"]
