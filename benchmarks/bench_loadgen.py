@@ -4,8 +4,9 @@ them, against a stub streaming server on loopback in another process.
 The stub (an aiohttp server, in a child process) answers each ``/v1/completions`` request with ``--tokens``
 events ``--gap-ms`` apart, each carrying the ``time.perf_counter()`` at which it was written (CLOCK_MONOTONIC, the
 same clock in both processes on Linux). The client (:func:`harness.serving.loadgen.run_level`) keeps
-``--concurrency`` streams in flight; an event's timestamp error is its arrival time minus its send time (loopback
-transfer plus the client's own delay). Prints the events per second the client took in and the error's p50, p99
+``--concurrency`` streams in flight; an event's timestamp error is the arrival time the client records for it (the
+kernel's receive time of its bytes, :mod:`harness.serving.httpstream`) minus its send time: the stub's write and
+the loopback transfer, and whatever the client adds. Prints the events per second the client took in and the error's p50, p99
 and maximum; the targets are >= 2,000 events (tokens) per second at 64 streams with a p99 below 1 ms.
 
 Usage::

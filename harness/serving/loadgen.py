@@ -2,7 +2,8 @@
 
 One *level* is a bounded batch of streaming ``/v1/completions`` requests sent either by ``concurrency`` workers
 (each sends its next request when its last one ends) or as Poisson arrivals at ``request_rate`` requests per
-second. Every streamed event is timestamped with ``time.perf_counter()`` as it arrives. Per request: TTFT (send to
+second. Every streamed event is timestamped on ``time.perf_counter()``'s clock with the time its bytes reached the
+host (:mod:`harness.serving.httpstream`). Per request: TTFT (send to
 first token), the inter-token latencies (ITL), TPOT ((last token - first token) / (tokens - 1)) and the end-to-end
 latency (E2EL, send to the end of the stream); per level: request throughput, output and total tokens/s over the
 level's wall time (first send to last end), and every figure's mean / p50 / p90 / p99 with its samples.
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.records import percentile, summarize
+from harness.serving.httpstream import post_stream, sse_lines
 
 
 @dataclass
@@ -80,46 +82,39 @@ def _token_times(events: list[tuple[float, dict[str, Any]]], usage: Mapping[str,
     return times
 
 
-async def stream_request(session: Any, url: str, payload: Mapping[str, Any], timeout_s: float,
+async def stream_request(url: str, payload: Mapping[str, Any], timeout_s: float,
                          keep_events: bool = False) -> RequestResult:
-    """POST one streaming completion and timestamp its events (never raises for the server's failures);
-    ``keep_events``: keep every event with its arrival time in ``result.events``."""
-    import aiohttp
-
+    """POST one streaming completion and time its events by their bytes' arrival (:mod:`harness.serving.httpstream`:
+    the kernel's receive time of each read); never raises for the server's failures. ``keep_events``: keep every
+    event with its arrival time in ``result.events``."""
     result = RequestResult(started_s=time.perf_counter())
     events: list[tuple[float, dict[str, Any]]] = []
     usage: dict[str, Any] | None = None
-    async def consume() -> None:
-        nonlocal usage
-        async with session.post(url, json=dict(payload)) as response:
-            if response.status != 200:
-                body = (await response.text())[:200].replace("\n", " ")
-                result.error = f"HTTP {response.status}: {body}"
-                return
-            pending = b""
-            async for chunk in response.content.iter_any():  # every event in a chunk arrived with it
-                now = time.perf_counter()
-                *lines, pending = (pending + chunk).split(b"\n")
-                for raw in lines:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        return
-                    event = json.loads(data)
-                    if event.get("usage"):
-                        usage = event["usage"]
-                    if event.get("choices"):
-                        events.append((now, event))
-
     try:
-        await asyncio.wait_for(consume(), timeout_s)
+        status, _headers, pieces = await asyncio.wait_for(post_stream(url, payload), timeout_s)
+        if status != 200:
+            body = b"".join(data for _, data in pieces)[:200].decode("utf-8", "replace").replace("\n", " ")
+            result.error = f"HTTP {status}: {body}"
+        else:
+            for arrival, line in sse_lines(pieces):
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                event = json.loads(data)
+                if event.get("usage"):
+                    usage = event["usage"]
+                if event.get("choices"):
+                    events.append((arrival, event))
+        result.ended_s = pieces[-1][0] if pieces else time.perf_counter()  # the stream's last bytes
     except asyncio.TimeoutError:
         result.timed_out = True
-    except (aiohttp.ClientError, json.JSONDecodeError, ConnectionError) as exc:
+    except (OSError, json.JSONDecodeError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"[:200]
-    result.ended_s = time.perf_counter()
+    if result.ended_s is None:
+        result.ended_s = time.perf_counter()
     result.token_times_s = _token_times(events, usage)
     if keep_events:
         result.events = events
@@ -152,35 +147,31 @@ async def run_level(
 ) -> tuple[list[RequestResult], float]:
     """Send ``requests`` requests at a fixed ``concurrency`` or Poisson ``request_rate`` (exactly one of the two);
     no request starts after ``duration_s``. Returns every request's result and the level's wall time."""
-    import aiohttp
-
     if (concurrency is None) == (request_rate is None):
         raise ValueError("a level has either a concurrency or a request rate")
     results: list[RequestResult] = []
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-        start = time.perf_counter()
-        stop_at = start + duration_s
-        if concurrency is not None:
-            counter = iter(range(requests))
+    start = time.perf_counter()
+    stop_at = start + duration_s
+    if concurrency is not None:
+        counter = iter(range(requests))
 
-            async def worker() -> None:
-                for i in counter:
-                    if time.perf_counter() > stop_at:
-                        return
-                    results.append(await stream_request(session, url, payload(i), timeout_s, keep_events))
+        async def worker() -> None:
+            for i in counter:
+                if time.perf_counter() > stop_at:
+                    return
+                results.append(await stream_request(url, payload(i), timeout_s, keep_events))
 
-            await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, requests)))))
-        else:
-            async def send_at(offset: float, i: int) -> None:
-                delay = start + offset - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if time.perf_counter() <= stop_at:
-                    results.append(await stream_request(session, url, payload(i), timeout_s, keep_events))
+        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, requests)))))
+    else:
+        async def send_at(offset: float, i: int) -> None:
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if time.perf_counter() <= stop_at:
+                results.append(await stream_request(url, payload(i), timeout_s, keep_events))
 
-            offsets = poisson_arrivals(float(request_rate), requests, random.Random(seed))
-            await asyncio.gather(*(send_at(offset, i) for i, offset in enumerate(offsets)))
+        offsets = poisson_arrivals(float(request_rate), requests, random.Random(seed))
+        await asyncio.gather(*(send_at(offset, i) for i, offset in enumerate(offsets)))
     if not results:
         return results, 0.0
     first = min(r.started_s for r in results)
