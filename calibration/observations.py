@@ -45,6 +45,7 @@ RUN_COLUMNS = (
 DECODE_COLUMNS = ("decode_tok_s", "decode_step_s", "decode_context", "gen_tokens", "rel_std", "exclude_reason")
 PREFILL_COLUMNS = ("prompt_tokens", "prefill_tok_s", "prefill_s", "ttft_s", "rel_std", "exclude_reason")
 MEMORY_COLUMNS = ("peak_memory_bytes", "peak_source", "engine_weights_bytes", "engine_kv_bytes", "engine_compute_bytes",
+                  "engine_non_kv_bytes", "engine_node_total_bytes", "engine_kv_pool", "engine_memory_utilization",
                   "exclude_reason")
 
 
@@ -271,6 +272,10 @@ def memory_row(base: dict[str, Any], record: dict[str, Any]) -> dict[str, Any] |
         "engine_weights_bytes": breakdown.get("weights_bytes"),
         "engine_kv_bytes": breakdown.get("kv_bytes"),
         "engine_compute_bytes": breakdown.get("compute_bytes"),
+        "engine_non_kv_bytes": breakdown.get("non_kv_bytes"),
+        "engine_node_total_bytes": breakdown.get("node_total_bytes"),
+        "engine_kv_pool": (breakdown.get("vllm_options") or {}).get("kv_pool"),
+        "engine_memory_utilization": (breakdown.get("vllm_options") or {}).get("gpu_memory_utilization"),
         "exclude_reason": exclude_reason(base, "memory"),
     })
     return row

@@ -150,6 +150,43 @@ def scopes_of(dataset: Dataset, engine: str, masks: dict[str, np.ndarray] | None
     return out
 
 
+def vllm_worker_rows(dataset: Dataset, engine: str, device: str | None = None,
+                     masks: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
+    """The memory rows of ``engine``'s runs on a CPU (an engine that profiles its runtime: vLLM) whose pool it sized itself (``kv_pool`` profiled) and whose log gave
+    its worker's non-kv usage, with ``worker_gib``: that usage minus the weights (one row per run)."""
+    from predictor.engines import traits
+
+    meta = dataset.blocks["memory"].meta
+    if engine not in ENGINE_DEFAULTS or not traits(engine).profiled_runtime or "engine_non_kv_bytes" not in meta:
+        return meta.iloc[0:0]
+    rows = (meta["engine"].to_numpy() == engine) & (meta["kind"].to_numpy() == "cpu")
+    rows &= meta["engine_kv_pool"].to_numpy() == "profiled"
+    if device is not None:
+        rows &= meta["device_id"].to_numpy() == device
+    if masks is not None:
+        rows &= masks["memory"]
+    out = meta.loc[rows].copy()
+    non_kv = pd.to_numeric(out["engine_non_kv_bytes"], errors="coerce")
+    weights = pd.to_numeric(out["engine_weights_bytes"], errors="coerce")
+    out["worker_gib"] = (non_kv - weights) / 2**30
+    return out[np.isfinite(out["worker_gib"].to_numpy(dtype=float))].drop_duplicates("id")
+
+
+def vllm_cpu_worker(dataset: Dataset, engine: str, device: str,
+                    masks: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """For a CPU host's vLLM scope, ``vllm_cpu_worker_gib``: the median over its profiled runs of the worker's
+    logged non-kv usage minus the weights (empty without such runs)."""
+    rows = vllm_worker_rows(dataset, engine, device, masks)
+    if rows.empty:
+        return {}
+    values = rows["worker_gib"].to_numpy(dtype=float)
+    return {"vllm_cpu_worker_gib": {
+        "value": rounded(float(np.median(values))), "identified": True, "n_runs": int(len(values)),
+        "spread_gib": rounded(float(values.max() - values.min())),
+        "models": sorted(set(rows["model_key"])),
+        "source": "median of the runs' logged non-kv usage (vLLM's CPU worker) minus their weights"}}
+
+
 def host_figures(dataset: Dataset, engine: str, device: str,
                  masks: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     """For a CPU host's scope, ``{"host_figures": {bandwidth_gbs, matmul_gflops, n_runs}}``: the medians of the
@@ -262,6 +299,7 @@ def _fit_scope(dataset: Dataset, table: dict[str, Any], eng: dict[str, Any], eng
         return
     if scope.scope.startswith("device:"):
         entry.update(host_figures(dataset, engine, scope.scope[7:], masks))
+        entry.update(vllm_cpu_worker(dataset, engine, scope.scope[7:], masks))
     if scope.scope == "engine":
         eng["default"] = entry
     elif scope.scope.startswith("family:"):

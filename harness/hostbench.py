@@ -285,7 +285,30 @@ def host_cpu_device(engine: str, host: Mapping[str, Any] | None = None, table: A
         gflops = gflops or probed.get("matmul_gflops")
     memory_gib = known.get("memory_gib") or psutil.virtual_memory().total / 2**30
     return cpu_device(bandwidth_gbs=bandwidth, tflops=gflops / 1000.0 if gflops else None, memory_gib=memory_gib,
-                      name=known.get("cpu_model") or "host CPU", device_id=host_id or "cpu")
+                      name=known.get("cpu_model") or "host CPU", device_id=host_id or "cpu",
+                      memory_node_gib=memory_node_gib())
+
+
+def memory_node_gib(root: str = "/sys/devices/system") -> float | None:
+    """The memory (GiB) of the NUMA node this process's first allowed CPU is on, as vLLM's CPU worker reads it
+    (``vllm/utils/cpu_resource_utils.py``: ``node<N>/meminfo`` MemTotal); None where the host exposes no nodes."""
+    import glob
+
+    try:
+        cpu = min(os.sched_getaffinity(0))
+    except (AttributeError, OSError, ValueError):
+        cpu = 0
+    nodes = sorted(glob.glob(os.path.join(root, "cpu", f"cpu{cpu}", "node[0-9]*")))
+    node = os.path.basename(nodes[0])[4:] if nodes else "0"
+    try:
+        with open(os.path.join(root, "node", f"node{node}", "meminfo")) as handle:
+            for line in handle:
+                parts = line.split()
+                if len(parts) >= 4 and parts[2] == "MemTotal:":
+                    return int(parts[3]) * 1024 / 2**30
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def device_bandwidth_gbs(device_index: int = 0, device_uuid: str | None = None, refresh: bool = False) -> float | None:

@@ -65,6 +65,7 @@ class Device:
     sources: dict[str, str] = field(hash=False)
     notes: dict[str, str] = field(default_factory=dict, hash=False)
     fp16_acc16_tflops: float | None = None  # dense FP16 tensor rate with FP16 accumulate, where it differs
+    memory_node_gib: float | None = None  # a host CPU: the memory of the NUMA node its first CPU is on (vLLM's base)
 
     def matmul_tflops(self, engine: str) -> float | None:
         """The peak an engine's prefill matmuls run against: llama.cpp's CUDA kernels multiply in FP16 with
@@ -209,13 +210,15 @@ def resolve_device(spec: str) -> Device:
 
 
 def cpu_device(bandwidth_gbs: float, tflops: float | None, memory_gib: float, name: str = "host CPU",
-               device_id: str = "cpu") -> Device:
+               device_id: str = "cpu", memory_node_gib: float | None = None) -> Device:
     """The host CPU as a device: bandwidth in GB/s, its matmul rate in TFLOPS, memory in GiB.
 
     The figures come from the caller (measured on the host by the harness's probes, or passed as flags), so
     the device has no sources. ``tflops`` is None where no rate is known (then no prefill is predicted).
     ``device_id`` is the host's calibration identity (``cpu-<model>-<isa>-<cores>c``, from
     ``harness.hostinfo``): coefficients are looked up per host, then for the CPU family ``dram/cpu``.
+    ``memory_node_gib``: the memory of the NUMA node the host's first CPU is on, which vLLM's CPU backend reserves
+    its share of (None: ``memory_gib``, a host of one node).
     """
     positive("CPU memory bandwidth (GB/s)", bandwidth_gbs)
     if tflops is not None:
@@ -228,4 +231,5 @@ def cpu_device(bandwidth_gbs: float, tflops: float | None, memory_gib: float, na
         form_factor="host", tdp_w=None, price_usd=None, cloud_usd_per_hour=None, engines=ENGINES, aliases=(),
         sources={}, notes={"spec": "figures measured on the host or given by the user",
                            **({} if tflops is not None else {"fp16_tflops": "no matmul rate measured on this host"})},
+        memory_node_gib=float(memory_node_gib) if memory_node_gib else None,
     )

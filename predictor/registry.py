@@ -306,6 +306,21 @@ _COEFFICIENTS: tuple[Coefficient, ...] = (
         },
         engines=("vllm",),
     ),
+    Coefficient(
+        name="vllm_cpu_worker_gib",
+        unit="GiB",
+        meaning="vLLM on a CPU: what its worker process holds beyond the weights once warmed up (interpreter, torch, "
+                "its kernels' buffers), which the KV pool it reserves is net of; per host, the median of its "
+                "profiled runs' logged non-kv usage minus their weights",
+        defaults={
+            "llama.cpp": (0.0, 'not used by llama.cpp'),
+            "vllm": (0.71, 'tests/data/vllm/kv-pool/: three profiled vllm-cpu 0.32.0 runs (SmolLM2-135M, Qwen2.5-0.5B, '
+                           'Llama-3.2-1B) on a 2-core AMD EPYC host, the logged non-kv usage less the weights 0.709-0.728 '
+                           'GiB (tests/data/vllm/cpu_profiled_ok.log, an earlier session: 0.81)'),
+        },
+        kinds=("cpu",),
+        engines=("vllm",),
+    ),
 )
 
 REGISTRY: dict[str, Coefficient] = {c.name: c for c in _COEFFICIENTS}

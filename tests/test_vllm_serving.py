@@ -1,4 +1,5 @@
-"""vLLM on a GPU: the weights it keeps on the device, and the KV pool and concurrency it sizes from what is left."""
+"""vLLM on a GPU and on a CPU: the weights it keeps on the device, and the KV pool and concurrency it sizes from
+what is left."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_the_kv_pool_is_what_vllms_share_of_the_device_leaves():
     assert two["kv_pool_gib"] > s["kv_pool_gib"]  # per GPU: half the weights each
 
 
-def test_serving_is_vllms_on_a_gpu_only_and_bad_utilization_is_refused(capsys, tmp_path):
+def test_serving_is_vllms_only_and_bad_utilization_is_refused(capsys, tmp_path):
     assert predict("llama-3.1-8b", "h100-sxm", "Q4_K_M", 8192, coefficients=None, launch=False).serving is None
     with pytest.raises(SystemExit) as refused:  # refused while the command line is parsed
         main(["predict", "--engine", "vllm", "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
@@ -56,3 +57,50 @@ def test_serving_is_vllms_on_a_gpu_only_and_bad_utilization_is_refused(capsys, t
 
     serving = json.loads(out.read_text())["serving"]
     assert serving["gpu_memory_utilization"] == 0.8 and serving["max_concurrent_sequences"] > 0
+
+
+def test_on_a_cpu_the_pool_is_vllms_share_of_the_memory_node_less_what_its_worker_holds():
+    import math
+
+    from predictor.devices import cpu_device
+    from predictor.estimate import predict_scenario
+    from predictor.scenario import Scenario
+
+    host = cpu_device(bandwidth_gbs=20.0, tflops=0.5, memory_gib=23.0, memory_node_gib=11.34)
+    est = predict_scenario(Scenario("qwen2.5-0.5b", host, engine="vllm", quant="BF16", context=1024,
+                                    prompt_tokens=64, gpu_memory_utilization=0.4), None, launch=False)
+    s = est.serving
+    worker = est.coefficients["vllm_cpu_worker_gib"]
+    expected = math.ceil(0.4 * 11.34 * GIB) - est.values["weights_bytes"] - worker * GIB  # the node, not the host
+    assert s["kv_pool_gib"] == pytest.approx(expected / GIB, abs=1e-3) and s["memory_node_gib"] == 11.34
+    assert s["kv_pool_tokens"] % 128 == 0  # the CPU backend's 128-token blocks
+    one_node = predict_scenario(Scenario("qwen2.5-0.5b", cpu_device(20.0, 0.5, 23.0), engine="vllm", quant="BF16",
+                                         context=1024, prompt_tokens=64, gpu_memory_utilization=0.4),
+                                None, launch=False).serving
+    assert one_node["memory_node_gib"] == 23.0 and one_node["kv_pool_gib"] > s["kv_pool_gib"]
+
+
+def test_the_memory_node_is_the_one_the_first_allowed_cpu_is_on(tmp_path, monkeypatch):
+    import os
+
+    from harness.hostbench import memory_node_gib
+
+    (tmp_path / "cpu" / "cpu3" / "node1").mkdir(parents=True)
+    (tmp_path / "node" / "node1").mkdir(parents=True)
+    (tmp_path / "node" / "node1" / "meminfo").write_text("Node 1 MemTotal:       11888376 kB\nNode 1 MemFree: 1 kB\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 5})
+    assert memory_node_gib(str(tmp_path)) == pytest.approx(11888376 / 2**20)
+    assert memory_node_gib(str(tmp_path / "missing")) is None
+
+
+def test_the_predicted_cpu_pool_is_within_5_percent_of_what_vllm_logged():
+    from pathlib import Path
+
+    from calibration.dataset import load_dataset
+    from calibration.kvpool import kv_pool_checks
+
+    checks = kv_pool_checks(load_dataset(Path(__file__).parent / "data" / "vllm" / "kv-pool"))
+    assert sorted(c["model"] for c in checks) == ["llama-3.2-1b", "qwen2.5-0.5b", "smollm2-135m"]
+    for c in checks:  # the worker figure fitted on the host's other runs: the pool of a run it never saw
+        assert abs(c["held_out_error"]) <= 0.05 or abs(c["held_out_gib"] - c["logged_gib"]) <= 0.5
+        assert c["held_out_from"] == "the host's other profiled runs"

@@ -89,6 +89,7 @@ def _serving(dirs: list[str], table: dict) -> dict:
 
 def cmd_calibrate(args) -> int:
     from calibration.crossval import annotate, cross_validate
+    from calibration.kvpool import kv_pool_checks
     from calibration.output import write_table
     from calibration.table import fit_table
     from predictor.userdata import user_calibration_dir
@@ -104,6 +105,13 @@ def cmd_calibrate(args) -> int:
     serving = _serving(dirs, table)
     if serving:
         table["serving"] = serving
+    pools = kv_pool_checks(dataset)
+    if pools:
+        table["vllm_cpu_kv_pool_checks"] = pools
+    for check in pools:
+        print(f"vLLM KV pool on {check['device']}, {check['model']}: logged {check['logged_gib']:.2f} GiB, predicted "
+              f"{check['in_sample_gib']:.2f} in-sample ({check['in_sample_error']:+.1%}), {check['held_out_gib']:.2f} "
+              f"held out ({check['held_out_error']:+.1%}; worker from {check['held_out_from']})")
     for path in write_table(table, out, dirs):
         print(f"wrote {path}")
     metrics = table.get("cross_validation") or {}

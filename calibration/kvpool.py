@@ -1,0 +1,72 @@
+"""The predicted vLLM KV pool on a CPU against the pool vLLM logged, for every run whose pool vLLM sized itself.
+
+For each such run (``kv_pool`` profiled: "Auto set (kv/node) GiB for KV cache ... N GiB memory was consumed by non-kv
+usages") the predictor's pool (:mod:`predictor.serving`: ``ceil(utilization x node memory) - weights -
+vllm_cpu_worker_gib``) is computed with the run's own node memory and utilization, the predictor's weights, and the
+worker figure fitted two ways: on every profiled run of the host (in-sample) and on the others only (held out; the
+engine default where the host has no other).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from calibration.dataset import Dataset
+from calibration.features import run_arch
+from calibration.table import vllm_worker_rows
+from predictor.coefficients import Coefficients
+from predictor.devices import cpu_device
+from predictor.engines import traits
+from predictor.estimate import predict_scenario
+from predictor.registry import ENGINE_DEFAULTS
+from predictor.scenario import Scenario
+
+GIB = float(2**30)
+
+
+def _predicted_pool(row: Any, worker_gib: float) -> float:
+    engine = str(row["engine"])
+    table = Coefficients({"schema_version": 1, "engines": {engine: {"default": {
+        "vllm_cpu_worker_gib": {"value": worker_gib, "identified": True}}, "families": {}, "devices": {}}}})
+    node_gib = float(row["engine_node_total_bytes"]) / GIB
+    bandwidth = float(row.get("host_bandwidth_gbs") or np.nan)  # the pool does not depend on it
+    device = cpu_device(bandwidth_gbs=bandwidth if np.isfinite(bandwidth) and bandwidth > 0 else 10.0, tflops=None,
+                        memory_gib=node_gib,
+                        device_id=str(row.get("host_id") or "cpu"), memory_node_gib=node_gib)
+    scenario = Scenario(model=run_arch(str(row["model"]), str(row.get("arch_overrides") or "")), device=device,
+                        engine=engine, quant=str(row.get("quant") or traits(engine).default_quant),
+                        context=int(row["context"]),
+                        prompt_tokens=min(64, int(row["context"])),
+                        gpu_memory_utilization=float(row["engine_memory_utilization"]))
+    return float(predict_scenario(scenario, table, launch=False).serving["kv_pool_gib"])
+
+
+def kv_pool_checks(dataset: Dataset) -> list[dict[str, Any]]:
+    """One entry per profiled vLLM CPU run: the logged pool, the predicted one in-sample and held out (GiB) and
+    their errors (predicted / logged - 1)."""
+    out = []
+    for engine in dataset.engines():
+        out += _engine_checks(vllm_worker_rows(dataset, engine), engine)
+    return out
+
+
+def _engine_checks(rows: Any, engine: str) -> list[dict[str, Any]]:
+    out = []
+    for device in sorted(set(rows["device_id"])):
+        group = rows[rows["device_id"] == device]
+        for _, row in group.iterrows():
+            logged = float(row["engine_kv_bytes"]) / GIB if row.get("engine_kv_bytes") else None
+            if not logged or not np.isfinite(row.get("engine_node_total_bytes") or np.nan):
+                continue
+            others = group[group["id"] != row["id"]]["worker_gib"].to_numpy(dtype=float)
+            held = float(np.median(others)) if len(others) else ENGINE_DEFAULTS[engine]["vllm_cpu_worker_gib"][0]
+            in_sample = _predicted_pool(row, float(np.median(group["worker_gib"].to_numpy(dtype=float))))
+            held_out = _predicted_pool(row, held)
+            out.append({"run": row["id"], "engine": engine, "device": device, "model": row["model_key"],
+                        "logged_gib": round(logged, 3), "in_sample_gib": round(in_sample, 3),
+                        "held_out_gib": round(held_out, 3), "in_sample_error": round(in_sample / logged - 1.0, 4),
+                        "held_out_error": round(held_out / logged - 1.0, 4),
+                        "held_out_from": "the host's other profiled runs" if len(others) else "the engine default"})
+    return out
