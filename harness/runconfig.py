@@ -98,9 +98,22 @@ def prepare_config(config: Mapping[str, Any]) -> dict[str, Any]:
         raise BenchcalError("engine option trust_remote_code runs the model repository's own Python code: pass "
                             "--trust-remote-code on the command line to allow it")
     setup = engine_setup(cfg["engine"])
+    check_option_keys(cfg, setup)
     setup.fill_defaults(cfg)
     check_model(cfg, setup)
     return cfg
+
+
+def check_option_keys(cfg: Mapping[str, Any], setup: Any) -> None:
+    """Refuse an engine option the engine does not read (a typo would otherwise be measured as the default)."""
+    from harness.engines.setup import COMMON_OPTIONS
+    from predictor.errors import suggest
+
+    known = COMMON_OPTIONS | setup.option_keys
+    for key in sorted(cfg["engine_options"]):
+        if key not in known:
+            raise BenchcalError(f"unknown engine option {key!r} for {cfg['engine']}{suggest(key, known)}; "
+                                f"{cfg['engine']} reads {', '.join(sorted(known))}")
 
 
 def check_model(cfg: Mapping[str, Any], setup: Any) -> None:

@@ -163,6 +163,12 @@ for name, text in [
     ("serve not a table", 'name = "x"\n[[configs]]\nmodel = "smollm2-135m"\nserve = 4\n'),
     ("trust remote code", 'name = "x"\n[[configs]]\nmodel = "qwen2.5-0.5b"\nengine = "vllm"\n'
                           'engine_options = { trust_remote_code = true }\n'),
+    ("engine option misspelt", 'name = "x"\n[[configs]]\nmodel = "smollm2-135m"\n'
+                               'engine_options = { n_gpu_layrs = 5 }\n'),
+    ("vllm option on llama.cpp", 'name = "x"\n[[configs]]\nmodel = "smollm2-135m"\n'
+                                 'engine_options = { kv_pool = "profiled" }\n'),
+    ("llama.cpp option on vllm", 'name = "x"\n[[configs]]\nmodel = "qwen2.5-0.5b"\nengine = "vllm"\n'
+                                 'engine_options = { n_ubatch = 64 }\n'),
 ]:
     case(f"sweep {name}", S, {"s.toml": text})
 

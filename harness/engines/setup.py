@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+# engine options the harness itself reads for every engine: the weights' repository, the GPU, the seed, threads
+COMMON_OPTIONS = frozenset({"hub_repo", "gpu_index", "seed", "threads"})
+
 
 class EngineSetup:
     """Defaults for an engine that needs nothing of its own; engines override what differs."""
@@ -21,6 +24,8 @@ class EngineSetup:
     default_quant: str | None = None
     # a GPU configuration predicted not to fit is replaced by the most GPU layers that fit (layer offload)
     replans_offload: bool = False
+    # the engine options its engine, server and setup read, beside COMMON_OPTIONS; any other key is refused
+    option_keys: frozenset[str] = frozenset()
 
     def fill_defaults(self, cfg: dict[str, Any]) -> None:
         """Fill in the engine's options in ``cfg`` (normalized already); BenchcalError for a bad option."""

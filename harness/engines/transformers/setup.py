@@ -7,6 +7,7 @@ from harness.engines.setup import EngineSetup
 
 class TransformersSetup(EngineSetup):
     name = "transformers"
+    option_keys = frozenset({"attn_implementation"})
 
 
 SETUP = TransformersSetup()

@@ -19,6 +19,9 @@ _DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "fp16": "f16", "flo
 
 class VllmSetup(EngineSetup):
     name = "vllm"
+    option_keys = frozenset({"api", "kv_pool", "enforce_eager", "gpu_memory_utilization", "kv_cache_memory_bytes",
+                             "dtype", "quantization", "load_format", "log_level", "synthetic_overrides",
+                             "trust_remote_code", "max_num_batched_tokens", "block_size"})
 
     def fill_defaults(self, cfg: dict[str, Any]) -> None:
         """vLLM options (KV pool, graphs, memory utilization) and the KV dtype the cache will really hold.
