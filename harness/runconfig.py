@@ -31,37 +31,15 @@ def remote_code_permitted() -> bool:
 
 
 
-_WHOLE = ("context", "reps", "batch", "device_count", "gen_tokens", "warmup")
-_TABLES = ("engine_options", "arch_overrides")  # serve: harness.serving.config.normalize_serve checks it
-
-
 def check_types(config: Mapping[str, Any]) -> None:
-    """The types of a configuration's fields, before anything reads them: whole numbers, prompt lengths, tables,
-    names; BenchcalError naming the field and the value."""
+    """The types, ranges and keys of a configuration's fields, before anything reads them
+    (:data:`harness.config_schema.CONFIG_SCHEMA`, checked with jsonschema); BenchcalError naming the field and the
+    value."""
     if not isinstance(config, Mapping):
         raise BenchcalError(f"a run configuration must be a table, got {config!r}")
-    for key in _WHOLE:
-        value = config.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise BenchcalError(f"{key} must be a whole number, got {value!r}")
-    prompts = config.get("prompt_tokens")
-    values = prompts if isinstance(prompts, list) else [prompts] if prompts is not None else []
-    if any(isinstance(p, bool) or not isinstance(p, int) for p in values):
-        raise BenchcalError(f"prompt_tokens must be whole numbers, got {prompts!r}")
-    for key in _TABLES:
-        if config.get(key) is not None and not isinstance(config.get(key), Mapping):
-            raise BenchcalError(f"{key} must be a table, got {config.get(key)!r}")
-    for key in ("model", "engine", "device", "quant", "kv_dtype", "weights"):
-        value = config.get(key)
-        if value is not None and not isinstance(value, str):
-            raise BenchcalError(f"{key} must be a name, got {value!r}")
-    fraction = config.get("offload_fraction")
-    if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
-                                 or not 0 <= fraction <= 1):
-        raise BenchcalError(f"offload_fraction must be a share of the layers in [0, 1], got {fraction!r}")
-    for key, value in (config.get("arch_overrides") or {}).items():
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise BenchcalError(f"arch_overrides.{key} must be a positive whole number, got {value!r}")
+    from harness.config_schema import check_config
+
+    check_config(dict(config))
 
 
 def prepare_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -104,6 +104,10 @@ def load_sweep(name_or_path: str) -> Sweep:
         raise BenchcalError(f"cannot read sweep file {path}: {exc.strerror or exc}") from None
     defaults = data.get("defaults") or {}
     entries = data.get("configs") or []
+    if isinstance(defaults, dict) and isinstance(entries, list) and entries and all(isinstance(e, dict) for e in entries):
+        from harness.config_schema import check_sweep
+
+        check_sweep(data, path)  # the file's structure, keys and types (jsonschema), before any entry is expanded
     if not isinstance(defaults, dict):
         raise BenchcalError(f"sweep file {path}: [defaults] must be a table")
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):

@@ -36,7 +36,7 @@ def test_the_serve_table_gets_its_defaults_and_sizes_the_batch():
     ({"requests": 0}, "serve.requests must be positive"),
     ({"warmup": -1}, "serve.warmup must be zero or positive"),
     ({"users": 3}, "serve has no option 'users'"),
-    ("4", "serve must be a table"),
+    ("4", "serve: '4' is not of type 'object'"),
 ])
 def test_a_bad_serve_table_is_refused_by_name(serve, message):
     with pytest.raises(BenchcalError, match=message):
