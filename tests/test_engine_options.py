@@ -26,3 +26,14 @@ def test_an_option_the_engine_does_not_read_is_refused_with_the_nearest_name():
     with pytest.raises(BenchcalError, match="kv_pool"):  # vLLM's, not llama.cpp's
         runconfig.prepare_config({**base, "engine_options": {"kv_pool": "profiled"}})
     assert runconfig.prepare_config({**base, "engine_options": {"threads": 1, "n_ubatch": 64}})["engine_options"]
+
+
+@pytest.mark.parametrize("engine,model", [("llama.cpp", "smollm2-135m"), ("vllm", "qwen2.5-0.5b"),
+                                          ("transformers", "qwen2.5-0.5b")])
+def test_what_bench_itself_sets_is_accepted_for_every_engine(engine, model):
+    from benchcal.cli import build_parser
+    from benchcal.commands.bench import config_from_args
+
+    args = build_parser().parse_args(["bench", "--gpu", "cpu", "--engine", engine, "--model", model,
+                                      "--threads", "1", "--quant", "BF16" if engine != "llama.cpp" else "Q4_0"])
+    runconfig.prepare_config(config_from_args(args, "cpu"))

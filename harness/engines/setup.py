@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# engine options the harness itself reads for every engine: the weights' repository, the GPU, the seed, threads
-COMMON_OPTIONS = frozenset({"hub_repo", "gpu_index", "seed", "threads"})
+# engine options the harness itself sets or reads for every engine: the weights' repository, the GPU, the seed,
+# threads, and flash attention (bench records it for every engine; the predictor reads it back from the record)
+COMMON_OPTIONS = frozenset({"hub_repo", "gpu_index", "seed", "threads", "flash_attn"})
 
 
 class EngineSetup:

@@ -15,8 +15,7 @@ class LlamaCppSetup(EngineSetup):
     name = "llama.cpp"
     default_quant = "Q4_K_M"
     replans_offload = True
-    option_keys = frozenset({"n_gpu_layers", "flash_attn", "n_batch", "n_ubatch", "use_mmap", "threads_batch",
-                             "hub_file"})
+    option_keys = frozenset({"n_gpu_layers", "n_batch", "n_ubatch", "use_mmap", "threads_batch", "hub_file"})
 
     def fill_defaults(self, cfg: dict[str, Any]) -> None:
         """llama.cpp options: GPU layers in step with ``offload_fraction``, the GGUF's own quant, threads."""
