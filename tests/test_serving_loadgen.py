@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import threading
 from pathlib import Path
 
@@ -16,9 +15,9 @@ from harness.serving.loadgen import (
     _token_times,
     distribution,
     level_summary,
-    poisson_arrivals,
     run_level,
 )
+from predictor.load import poisson_offsets
 
 DATA = Path(__file__).parent / "data" / "serving"
 
@@ -107,7 +106,7 @@ def test_a_concurrency_level_keeps_that_many_requests_in_flight_and_times_every_
 
 
 def test_a_request_rate_level_sends_poisson_arrivals():
-    offsets = poisson_arrivals(20.0, 2000, random.Random(1))
+    offsets = poisson_offsets(20.0, 2000, seed=1)
     gaps = [b - a for a, b in zip(offsets, offsets[1:])]
     assert sum(gaps) / len(gaps) == pytest.approx(1 / 20.0, rel=0.1)
     with Stub(delay_s=0.0, gap_s=0.0) as stub:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -124,15 +123,6 @@ async def stream_request(url: str, payload: Mapping[str, Any], timeout_s: float,
     return result
 
 
-def poisson_arrivals(rate: float, n: int, rng: random.Random) -> list[float]:
-    """Send offsets (seconds from the level's start) of ``n`` Poisson arrivals at ``rate`` requests per second."""
-    offsets, t = [], 0.0
-    for _ in range(n):
-        offsets.append(t)
-        t += rng.expovariate(rate)
-    return offsets
-
-
 async def run_level(
     url: str,
     payload: Callable[[int], Mapping[str, Any]],
@@ -170,7 +160,9 @@ async def run_level(
             if time.perf_counter() <= stop_at:
                 results.append(await stream_request(url, payload(i), timeout_s, keep_events))
 
-        offsets = poisson_arrivals(float(request_rate), requests, random.Random(seed))
+        from predictor.load import poisson_offsets  # the draw the serving model simulates
+
+        offsets = poisson_offsets(float(request_rate), requests, seed)
         await asyncio.gather(*(send_at(offset, i) for i, offset in enumerate(offsets)))
     if not results:
         return results, 0.0
