@@ -70,6 +70,13 @@ def serving_figures(mode: str, concurrency: int, output_tokens: int, prefill_s: 
 OVERHEADS = {"prefill_scale": 1.0, "step_overhead_ms": 0.0, "seq_overhead_ms": 0.0, "request_overhead_ms": 0.0}
 
 
+def server_terms(overheads: Mapping[str, Any] | None) -> tuple[dict[str, float], str]:
+    """A serving fit's terms (:data:`OVERHEADS`' keys, the neutral values where it has none) and their source."""
+    fit = {**OVERHEADS, **{k: float(v) for k, v in (overheads or {}).items() if k in OVERHEADS and v is not None}}
+    return fit, str((overheads or {}).get("source")
+                    or "uncalibrated: no serving run fitted (prefill_scale 1, overheads 0)")
+
+
 def step_times(scenario: Scenario, concurrency: int, output_tokens: int, coefficients: Any = "default",
                max_num_seqs: int | None = None) -> dict[str, float]:
     """``prefill_s``, ``step1_s`` and ``step_s`` (the running batch's step) for ``scenario``'s prompt, decoding
@@ -93,13 +100,12 @@ def predict_load(scenario: Scenario, concurrency: int, output_tokens: int, *, co
                  overheads: Mapping[str, Any] | None = None, max_num_seqs: int | None = None) -> dict[str, Any]:
     """The module's figures for ``scenario`` at ``concurrency`` requests in flight, with a serving fit's values
     (``overheads``: the keys of :data:`OVERHEADS` and ``source``) or the neutral ones (uncalibrated)."""
-    fit = {**OVERHEADS, **{k: v for k, v in (overheads or {}).items() if k in OVERHEADS and v is not None}}
+    fit, source = server_terms(overheads)
     max_num_seqs = max_num_seqs or scenario.max_num_seqs
     times = step_times(scenario, concurrency, output_tokens, coefficients, max_num_seqs)
     mode = serving_mode(str(scenario.engine))
     figures = serving_figures(mode, concurrency, output_tokens, times["prefill_s"], times["step1_s"], times["step_s"],
-                              max_num_seqs=max_num_seqs, **{k: float(v) for k, v in fit.items()})
-    source = (overheads or {}).get("source") or "uncalibrated: no serving run fitted (prefill_scale 1, overheads 0)"
+                              max_num_seqs=max_num_seqs, **fit)
     return {"mode": mode, "concurrency": int(concurrency), "prompt_tokens": int(scenario.prompt_tokens),
             "output_tokens": int(output_tokens), **{k: round(v, 4) for k, v in figures.items()},
             "step_times_ms": {k.removesuffix("_s") + "_ms": round(1000.0 * v, 4) for k, v in times.items()},
@@ -243,8 +249,9 @@ def rate_figures(mode: str, request_rate: float, output_tokens: int, prefill_s: 
     tpot = [(e - f) / (n - 1) for e, f in zip(e2e, ttft)] if n > 1 else [0.0] * len(e2e)
     span = max(a + e for a, e in zip(sent, e2e)) - sent[0]
     rate = len(sent) / span if span > 0 else float("nan")
-    return {**out, "saturated": bool(request_rate >= capacity), "request_throughput": round(rate, 4), "output_tok_s": round(rate * n, 4),
-            "ttft_ms": _distribution_ms(ttft), "tpot_ms": _distribution_ms(tpot), "e2el_ms": _distribution_ms(e2e)}
+    return {**out, "saturated": bool(request_rate >= capacity), "request_throughput": round(rate, 4),
+            "output_tok_s": round(rate * n, 4), "ttft_ms": _distribution_ms(ttft), "tpot_ms": _distribution_ms(tpot),
+            "e2el_ms": _distribution_ms(e2e)}
 
 
 def step_curve(scenario: Scenario, output_tokens: int, largest: int, coefficients: Any = "default"):
@@ -265,16 +272,14 @@ def predict_rate(scenario: Scenario, request_rate: float, output_tokens: int, *,
                  requests: int = RATE_REQUESTS, warmup: int = RATE_WARMUP, seed: int = 0) -> dict[str, Any]:
     """:func:`rate_figures` for ``scenario`` with the analytical model's step times and a serving fit's terms
     (``overheads``, as for :func:`predict_load`)."""
-    fit = {**OVERHEADS, **{k: v for k, v in (overheads or {}).items() if k in OVERHEADS and v is not None}}
+    fit, source = server_terms(overheads)
     mode = serving_mode(str(scenario.engine))
     limit = running_limit(scenario, output_tokens, coefficients, max_num_seqs) if mode == "continuous" else 1
     prefill, step = step_curve(scenario, output_tokens, limit, coefficients)
     figures = rate_figures(mode, float(request_rate), output_tokens, prefill, step, max_num_seqs=limit,
                            prompt_tokens=int(scenario.prompt_tokens),
                            max_num_batched_tokens=scenario.max_num_batched_tokens or VLLM_MAX_BATCHED_TOKENS,
-                           requests=requests,
-                           warmup=warmup, seed=seed, **{k: float(v) for k, v in fit.items()})
-    source = (overheads or {}).get("source") or "uncalibrated: no serving run fitted (prefill_scale 1, overheads 0)"
+                           requests=requests, warmup=warmup, seed=seed, **fit)
     return {"mode": mode, "prompt_tokens": int(scenario.prompt_tokens), "output_tokens": int(output_tokens),
             **figures, "overheads": {**fit, "source": source}}
 
@@ -299,7 +304,7 @@ def max_concurrency(scenario: Scenario, output_tokens: int, *, max_ttft_ms: floa
     is searched up to its running limit (:func:`running_limit`); one that serves a request at a time up to
     ``largest`` (the others wait: its throughput is the same at any load), and with no TTFT target it is given one
     (nothing else bounds the wait). Both figures grow with the requests in flight, so the search is a bisection."""
-    fit = {**OVERHEADS, **{k: v for k, v in (overheads or {}).items() if k in OVERHEADS and v is not None}}
+    fit, source = server_terms(overheads)
     mode = serving_mode(str(scenario.engine))
     if mode == "continuous":
         top, cap = running_limit(scenario, output_tokens, coefficients, max_num_seqs), "running limit"
@@ -311,7 +316,7 @@ def max_concurrency(scenario: Scenario, output_tokens: int, *, max_ttft_ms: floa
 
     def at(c: int) -> dict[str, float]:
         return serving_figures(mode, c, output_tokens, prefill, step(1), step(min(c, top)), max_num_seqs=top,
-                               **{k: float(v) for k, v in fit.items()})
+                               **fit)
 
     def ok(figures: Mapping[str, float]) -> bool:
         return ((max_ttft_ms is None or figures["ttft_ms"] <= max_ttft_ms)
@@ -328,5 +333,4 @@ def max_concurrency(scenario: Scenario, output_tokens: int, *, max_ttft_ms: floa
     figures = at(lo)
     return {"mode": mode, "concurrency": lo, "limit": top, "limited_by": "target" if lo < top else cap,
             **{k: round(v, 4) for k, v in figures.items()},
-            "overheads": {**fit, "source": (overheads or {}).get("source")
-                          or "uncalibrated: no serving run fitted (prefill_scale 1, overheads 0)"}}
+            "overheads": {**fit, "source": source}}

@@ -38,15 +38,20 @@ def kv_pool(est: Any, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZA
     v = est.values
     n = max(int(est.device_count), 1)
     per_device_weights = float(v["weights_bytes"]) / n
+    extra: dict[str, Any] = {}
     if est.device.kind == "cpu":
-        return _cpu_pool(est, gpu_memory_utilization, max_num_seqs, per_device_weights)
-    per_device_runtime = float(v["runtime_bytes"]) / n
-    requested = gpu_memory_utilization * est.device.memory_gib * GIB
-    pool = max(requested - per_device_weights - per_device_runtime, 0.0)
+        pool, formula, block, extra = _cpu_pool(est, gpu_memory_utilization, per_device_weights)
+    else:
+        per_device_runtime = float(v["runtime_bytes"]) / n
+        requested = gpu_memory_utilization * est.device.memory_gib * GIB
+        pool = max(requested - per_device_weights - per_device_runtime, 0.0)
+        block = traits(est.engine).kv_block_tokens
+        formula = (f"{gpu_memory_utilization:g} x {est.device.memory_gib:g} GiB - weights "
+                   f"{per_device_weights / GIB:.2f} GiB - runtime {per_device_runtime / GIB:.2f} GiB (fixed, "
+                   "non-torch, CUDA graphs, profile-run activations) per device")
     # KV bytes one sequence of the asked context takes on each device (sliding windows capped, blocks rounded)
     per_sequence = float(mem.kv_cache_bytes(est.model, est.context, 1, _kv_bytes(est), est.engine)) / n
     tokens = int(pool / per_sequence * est.context) if per_sequence > 0 else 0
-    block = traits(est.engine).kv_block_tokens
     tokens -= tokens % block
     held = int(pool // per_sequence) if per_sequence > 0 else 0
     seqs = int(max_num_seqs or mem.VLLM_MAX_NUM_SEQS)
@@ -58,36 +63,25 @@ def kv_pool(est: Any, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZA
         "kv_pool_tokens": tokens,
         "max_concurrent_sequences": held,
         "context": est.context,
-        "formula": (f"{gpu_memory_utilization:g} x {est.device.memory_gib:g} GiB - weights "
-                    f"{per_device_weights / GIB:.2f} GiB - runtime {per_device_runtime / GIB:.2f} GiB (fixed, "
-                    "non-torch, CUDA graphs, profile-run activations) per device"),
+        **extra,
+        "formula": formula,
     }
 
 
 VLLM_CPU_BLOCK_TOKENS = 128  # vLLM's CPU backend's KV block (the records' effective block_size)
 
 
-def _cpu_pool(est: Any, utilization: float, max_num_seqs: int | None, weights: float) -> dict[str, Any]:
+def _cpu_pool(est: Any, utilization: float, weights: float) -> tuple[float, str, int, dict[str, Any]]:
     """vLLM's CPU worker (``vllm/v1/worker/cpu_worker.py``): it reserves ``ceil(utilization x node memory)``, the
     memory of the NUMA node its first CPU is on, and gives the KV cache what its own process does not already hold
     once warmed up ("Auto set (kv/node) GiB for KV cache ... N GiB memory was consumed by non-kv usages"): the
-    weights and ``vllm_cpu_worker_gib``."""
+    weights and ``vllm_cpu_worker_gib``. Returns (pool bytes, formula, KV block tokens, extra figures)."""
     node_gib = float(est.device.memory_node_gib or est.device.memory_gib)
     worker_gib = float(est.coefficients["vllm_cpu_worker_gib"])
-    requested = math.ceil(utilization * node_gib * GIB)
-    pool = max(requested - weights - worker_gib * GIB, 0.0)
-    per_sequence = float(mem.kv_cache_bytes(est.model, est.context, 1, _kv_bytes(est), est.engine))
-    tokens = int(pool / per_sequence * est.context) if per_sequence > 0 else 0
-    tokens -= tokens % VLLM_CPU_BLOCK_TOKENS
-    held = int(pool // per_sequence) if per_sequence > 0 else 0
-    seqs = int(max_num_seqs or mem.VLLM_MAX_NUM_SEQS)
-    return {
-        "gpu_memory_utilization": utilization, "max_num_seqs": seqs, "max_running_sequences": min(held, seqs),
-        "kv_pool_gib": round(pool / GIB, 3), "kv_pool_tokens": tokens, "max_concurrent_sequences": held,
-        "context": est.context, "memory_node_gib": round(node_gib, 3),
-        "formula": (f"ceil({utilization:g} x {node_gib:.2f} GiB of the CPU's memory node) - weights "
-                    f"{weights / GIB:.2f} GiB - worker {worker_gib:.2f} GiB (vllm_cpu_worker_gib)"),
-    }
+    pool = max(math.ceil(utilization * node_gib * GIB) - weights - worker_gib * GIB, 0.0)
+    formula = (f"ceil({utilization:g} x {node_gib:.2f} GiB of the CPU's memory node) - weights "
+               f"{weights / GIB:.2f} GiB - worker {worker_gib:.2f} GiB (vllm_cpu_worker_gib)")
+    return pool, formula, VLLM_CPU_BLOCK_TOKENS, {"memory_node_gib": round(node_gib, 3)}
 
 
 def _kv_bytes(est: Any) -> float:
