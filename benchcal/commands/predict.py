@@ -101,12 +101,17 @@ def scenario_from_args(args, dev: Device) -> Scenario:
     )
 
 
+def prompt_tokens(args) -> int:
+    """``--prompt``, refused above ``--ctx``; by default 4096 tokens, or the context when shorter."""
+    if args.prompt is not None and args.prompt > args.ctx:
+        raise BenchcalError(f"--prompt {args.prompt} does not fit the context of {args.ctx} tokens (--ctx)")
+    return args.prompt or min(DEFAULT_PROMPT_TOKENS, args.ctx)
+
+
 def cmd_predict(args) -> int:
     if args.concurrency and args.request_rate:
         raise BenchcalError("--concurrency and --request-rate describe two loads: give one of them")
-    if args.prompt is not None and args.prompt > args.ctx:
-        raise BenchcalError(f"--prompt {args.prompt} does not fit the context of {args.ctx} tokens (--ctx)")
-    args.prompt = args.prompt or min(DEFAULT_PROMPT_TOKENS, args.ctx)
+    args.prompt = prompt_tokens(args)
     if args.engine_build is not None:  # validated before the host probe or any prediction runs
         era_for_build(normalize_engine(args.engine), args.engine_build)
     table = _table(args)
@@ -173,12 +178,11 @@ def cmd_recommend(args) -> int:
     require_context(arch, args.ctx)
     if args.budget is not None:
         positive("--budget", args.budget)
-    if args.prompt is not None and args.prompt > args.ctx:
-        raise BenchcalError(f"--prompt {args.prompt} does not fit the context of {args.ctx} tokens (--ctx)")
+    prompt = prompt_tokens(args)
     rep = recommend_report(arch, args.ctx, args.quant, engine, min_decode=args.min_decode or 0.0,
                            budget_usd=args.budget, table=_table(args), max_ttft_ms=args.max_ttft_ms,
                            max_tpot_ms=args.max_tpot_ms, output_tokens=args.output_tokens,
-                           prompt_tokens=args.prompt or min(DEFAULT_PROMPT_TOKENS, args.ctx))
+                           prompt_tokens=prompt)
     emit(render(rep, args.format), args)
     return 0
 

@@ -381,7 +381,7 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
         rep.charts.append(Chart(f"Decode speed at a full context ({q.id})", "context (tokens)", "tok/s", series))
     rep.add("Launch commands", "code", commands)
     if max_ttft_ms is not None or max_tpot_ms is not None:
-        singles = [(c[0], c[3]) for c in candidates if c[1] == 1]
+        singles = [c[0] for c in candidates if c[1] == 1]
         add_serving_target_section(rep, arch, q.id, context, engine, singles, table=table,
                                    prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                                    max_ttft_ms=max_ttft_ms, max_tpot_ms=max_tpot_ms)
@@ -392,7 +392,7 @@ SERVING_TARGET_ROWS = 15  # devices listed in the serving-target section (all of
 
 
 def add_serving_target_section(rep: Report, arch: ModelArch, quant: str, context: int, engine: str,
-                               devices: Sequence[tuple[Device, float | None]], *, table: Coefficients | None,
+                               devices: Sequence[Device], *, table: Coefficients | None,
                                prompt_tokens: int, output_tokens: int, max_ttft_ms: float | None,
                                max_tpot_ms: float | None) -> None:
     """For each device, the most requests in flight that keep TTFT and TPOT within the target
@@ -402,7 +402,7 @@ def add_serving_target_section(rep: Report, arch: ModelArch, quant: str, context
     target = " and ".join(t for t in (f"TTFT <= {max_ttft_ms:g} ms" if max_ttft_ms is not None else "",
                                       f"TPOT <= {max_tpot_ms:g} ms" if max_tpot_ms is not None else "") if t)
     found = []
-    for d, _price in devices:
+    for d in devices:
         scenario = Scenario(arch, device=d, engine=engine, quant=quant, context=context, prompt_tokens=prompt_tokens)
         overheads = table.serving_fit(engine, d.id) if table is not None else None
         best = max_concurrency(scenario, output_tokens, max_ttft_ms=max_ttft_ms, max_tpot_ms=max_tpot_ms,
@@ -490,8 +490,8 @@ def load_curve_charts(points: Sequence[dict]) -> list[Chart]:
 
 
 def rate_curve_charts(points: Sequence[dict]) -> list[Chart]:
-    """TTFT and end-to-end percentiles against the request rate, from :func:`predictor.load.predict_rate` below the
-    capacity (``points``; saturated ones are left out)."""
+    """TTFT percentiles and output tokens/s against the request rate, from :func:`predictor.load.predict_rate` below
+    the capacity (``points``; saturated ones are left out)."""
     ok = [p for p in points if not p["saturated"]]
     xs = [p["request_rate"] for p in ok]
     return [
