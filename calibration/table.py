@@ -25,6 +25,7 @@ from calibration.dataset import QUANTITIES, Block, Dataset, provenance, rounded
 from calibration.fit import TermRegressor, acts_on
 from calibration.overlays import fit_era_overlays, fit_physics_prior
 from predictor.coefficients import ENGINE_DEFAULTS, Coefficients
+from predictor.engines import traits
 
 SCHEMA_VERSION = 1
 DEFAULT_BOOTSTRAP = 100
@@ -152,10 +153,9 @@ def scopes_of(dataset: Dataset, engine: str, masks: dict[str, np.ndarray] | None
 
 def vllm_worker_rows(dataset: Dataset, engine: str, device: str | None = None,
                      masks: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
-    """The memory rows of ``engine``'s runs on a CPU (an engine that profiles its runtime: vLLM) whose pool it sized itself (``kv_pool`` profiled) and whose log gave
-    its worker's non-kv usage, with ``worker_gib``: that usage minus the weights (one row per run)."""
-    from predictor.engines import traits
-
+    """The memory rows of ``engine``'s runs on a CPU (an engine that profiles its runtime: vLLM) whose pool it sized
+    itself (``kv_pool`` profiled) and whose log gave its worker's non-kv usage, with ``worker_gib``: that usage minus
+    the weights (one row per run)."""
     meta = dataset.blocks["memory"].meta
     if engine not in ENGINE_DEFAULTS or not traits(engine).profiled_runtime or "engine_non_kv_bytes" not in meta:
         return meta.iloc[0:0]

@@ -102,22 +102,11 @@ def load_sweep(name_or_path: str) -> Sweep:
         raise BenchcalError(f"sweep file {path} is not a text file (not UTF-8)") from None
     except OSError as exc:
         raise BenchcalError(f"cannot read sweep file {path}: {exc.strerror or exc}") from None
-    defaults = data.get("defaults") or {}
-    entries = data.get("configs") or []
-    if isinstance(defaults, dict) and isinstance(entries, list) and entries and all(isinstance(e, dict) for e in entries):
-        from harness.config_schema import check_sweep
+    from harness.config_schema import check_sweep
 
-        check_sweep(data, path)  # the file's structure, keys and types (jsonschema), before any entry is expanded
-    if not isinstance(defaults, dict):
-        raise BenchcalError(f"sweep file {path}: [defaults] must be a table")
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise BenchcalError(f"sweep file {path}: configs must be [[configs]] tables")
-    if not entries:
-        raise BenchcalError(f"sweep file {path} has no [[configs]]")
-    timeout = data.get("timeout_s")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or not timeout > 0 or timeout == float("inf")):
-        raise BenchcalError(f"sweep file {path}: timeout_s must be a positive number of seconds, got {timeout!r}")
+    check_sweep(data, path)  # the file's structure, keys and types (jsonschema), before any entry is expanded
+    defaults = data.get("defaults") or {}
+    entries = data["configs"]
     configs = []
     for number, entry in enumerate(entries, 1):
         for config in expand(merge(defaults, entry)):
