@@ -20,12 +20,12 @@ import csv
 import hashlib
 import io
 import json
-import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from calibration.import_schema import check_llama_bench_row, csv_row
 from harness import records
 from predictor.devices import resolve_device
 from predictor.errors import BenchcalError
@@ -168,7 +168,7 @@ def parse_llama_bench(text: str, fmt: str) -> list[dict[str, Any]]:
         elif fmt == "jsonl":
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]
         else:
-            rows = [dict(r) for r in csv.DictReader(io.StringIO(text))]
+            rows = [csv_row(dict(r)) for r in csv.DictReader(io.StringIO(text))]
     except (json.JSONDecodeError, csv.Error) as exc:
         raise BenchcalError(f"not valid llama-bench {fmt} output: {exc}") from None
     return [r for r in rows if isinstance(r, dict) and "avg_ts" in r]  # a test result, not some other table
@@ -218,19 +218,9 @@ def _summary(row: dict[str, Any], repetitions: int) -> dict[str, Any]:
 def llama_bench_record(row: dict[str, Any], *, model: str, device: str, file_name: str, file_format: str,
                        source_url: str | None, import_key: str, gpu_count: int | None = None,
                        exclude: dict[str, str] | None = None) -> dict[str, Any] | None:
-    """A run record for one llama-bench row; None for pp+tg rows."""
-    n_prompt, n_gen, n_depth = (_int(row.get(k), 0) for k in ("n_prompt", "n_gen", "n_depth"))
-    for key, value in (("n_prompt", n_prompt), ("n_gen", n_gen), ("n_depth", n_depth)):
-        if value is None or value < 0:
-            raise BenchcalError(f"{file_name}: a row's {key} must be zero or a positive whole number, "
-                                f"got {row.get(key)!r}")
-    speed = row.get("avg_ts")
-    try:
-        ok = speed is not None and math.isfinite(float(speed)) and float(speed) > 0
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise BenchcalError(f"{file_name}: a row's avg_ts (tokens/s) must be a positive number, got {speed!r}")
+    """A run record for one llama-bench row (checked first: :func:`calibration.import_schema.check_llama_bench_row`);
+    None for pp+tg rows."""
+    n_prompt, n_gen, n_depth = (int(row.get(k) or 0) for k in ("n_prompt", "n_gen", "n_depth"))
     if (n_prompt and n_gen) or not (n_prompt or n_gen):
         return None
     quant = quant_from_model_type(str(row.get("model_type")))
@@ -355,6 +345,9 @@ def import_llama_bench(path: str | Path, *, model: str, runs_dir: str | Path, gp
         raise BenchcalError(f"{file}: no llama-bench results found (expected {fmt} output of llama-bench)")
     model_id = resolve_model(model).id
     device = _device_id(gpu, rows)
+
+    for i, row in enumerate(rows):
+        check_llama_bench_row(row, file.name, i)
 
     def build(i: int, row: dict[str, Any], key: str) -> tuple[dict[str, Any] | None, str | None]:
         record = llama_bench_record(row, model=model_id, device=device, file_name=file.name, file_format=fmt,

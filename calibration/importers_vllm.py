@@ -23,6 +23,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from calibration.import_schema import check_vllm_result
 from calibration.importers import read_result_file, store_new_records
 from harness import records
 from predictor.devices import resolve_device
@@ -189,6 +190,8 @@ def import_vllm_bench(path: str | Path, *, model: str, runs_dir: str | Path, gpu
     results = parse_vllm_results(text)
     model_id = resolve_model(model).id
     quant_id = resolve_quant(quant, "vllm").id
+    for i, result in enumerate(results):
+        check_vllm_result(result, result_kind(result), file.name, i)
 
     def build(i: int, result: dict[str, Any], key: str) -> tuple[dict[str, Any], str | None]:
         record = vllm_record(result, model=model_id, device=_device(gpu, result), quant=quant_id, file_name=file.name,

@@ -1,5 +1,5 @@
 """The JSON Schema of a run configuration (what ``benchcal bench``'s flags build, or a sweep entry once expanded) and
-of a sweep file, checked with ``jsonschema`` before anything reads them.
+of a sweep file, checked with :mod:`harness.schemacheck` before anything reads them.
 
 The schemas hold the types and ranges (whole numbers, finite numbers, shares, names, tables) and the keys a
 configuration may have, so a misspelt key (``contxt = 4096``) is refused instead of measured at the default. What
@@ -9,15 +9,11 @@ depends on more than one field (a prompt that must fit the context, a model's li
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
-import jsonschema
-from jsonschema import validators
-
 from harness.record_schema import CONFIG_DEFAULTS
-from predictor.errors import BenchcalError
+from harness.schemacheck import check
 
 _WHOLE = {"type": "integer", "minimum": 1}
 _NAME = {"type": ["string", "null"]}
@@ -70,42 +66,6 @@ SWEEP_SCHEMA: dict[str, Any] = {
     "required": ["configs"],
     "additionalProperties": False,
 }
-
-
-def _strict_integer(_checker: Any, instance: Any) -> bool:
-    return isinstance(instance, int) and not isinstance(instance, bool)  # 512.0 is not a token count
-
-
-def _finite_number(_checker: Any, instance: Any) -> bool:
-    return (isinstance(instance, (int, float)) and not isinstance(instance, bool)
-            and math.isfinite(instance))  # NaN and infinity compare false with every bound
-
-
-_Validator = validators.extend(jsonschema.Draft202012Validator, type_checker=jsonschema.Draft202012Validator
-                               .TYPE_CHECKER.redefine_many({"integer": _strict_integer, "number": _finite_number}))
-
-
-def _where(error: jsonschema.ValidationError) -> str:
-    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
-    return path or "the file"
-
-
-def _message(error: jsonschema.ValidationError) -> str:
-    if error.validator == "additionalProperties":
-        extra = sorted(set(error.instance) - set(error.schema.get("properties") or {}))
-        known = ", ".join(sorted(error.schema.get("properties") or {}))
-        return f"unknown key {', '.join(repr(k) for k in extra)} (known: {known})"
-    if error.validator in ("anyOf", "oneOf"):
-        return f"{error.instance!r} is not a valid value"
-    return error.message
-
-
-def check(instance: Any, schema: Mapping[str, Any], what: str) -> None:
-    """BenchcalError naming the first field of ``instance`` that ``schema`` refuses (``what``: the file or thing)."""
-    errors = sorted(_Validator(schema).iter_errors(instance), key=lambda e: (len(e.absolute_path), e.path))
-    if errors:
-        error = errors[0]
-        raise BenchcalError(f"{what}: {_where(error)}: {_message(error)}")
 
 
 def check_config(config: Any) -> None:

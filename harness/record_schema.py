@@ -2,7 +2,8 @@
 schema versions, the checks every stored record passes (:func:`validate_record`) and the JSON Schema published
 for other tools (``harness/schema/run-record.schema.json``, generated from this module; regenerate it with
 ``python -m harness.record_schema > harness/schema/run-record.schema.json``; a test keeps the file and the module
-in step). Standard library only, like :mod:`harness.records`, which stores and reads the records.
+in step). :func:`validate_record` checks a record against that same schema with ``jsonschema``; no engine is
+imported, like :mod:`harness.records`, which stores and reads the records.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.engines import ENGINES
+from harness.schemacheck import first_error
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "crash", "timeout", "interrupted")
@@ -135,66 +137,18 @@ class RunRecord:
 # --------------------------------------------------------------------------------------------- validation
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
-def _validate_summary(summary: Any, where: str) -> None:
-    _require(isinstance(summary, dict), f"{where} must be a summary object")
-    for key in ("samples", "median", "mean", "stddev", "p10", "p90", "n"):
-        _require(key in summary, f"{where} lacks {key!r}")
-    _require(isinstance(summary["samples"], list), f"{where}.samples must be a list")
-    _require(isinstance(summary["n"], int), f"{where}.n must be an int")
-
-
 def validate_record(record: Any) -> None:
-    """Raise ValueError naming the first problem when ``record`` is not a well-formed run record."""
-    _require(isinstance(record, dict), "record must be a JSON object")
-    for key in RECORD_KEYS:
-        _require(key in record, f"record lacks {key!r}")
-    _require(record["schema_version"] == SCHEMA_VERSION, f"unsupported schema_version {record['schema_version']!r}"
-             + (" (migrate it first: harness.record_schema.migrate)" if record["schema_version"] in MIGRATIONS else ""))
-    _require(isinstance(record["id"], str) and bool(_ID_PATTERN.match(record["id"])), f"bad id {record['id']!r}")
-    _require(
-        isinstance(record["config_hash"], str) and bool(_HASH_PATTERN.match(record["config_hash"])),
-        "config_hash must be 64 hex digits",
-    )
-    _require(record["status"] in STATUSES, f"status must be one of {STATUSES}")
-    _require(record["reason"] is None or isinstance(record["reason"], str), "reason must be a string or null")
-    config = record["config"]
-    _require(isinstance(config, dict), "config must be an object")
-    for key in CONFIG_DEFAULTS:
-        _require(key in config, f"config lacks {key!r}")
-    _require(isinstance(config["model"], str) and bool(config["model"]), "config.model must be a string")
-    _require(config["engine"] in ENGINES, f"config.engine must be one of {ENGINES}")
-    _require(isinstance(config["prompt_tokens"], list), "config.prompt_tokens must be a list")
-    _require(isinstance(config["engine_options"], dict), "config.engine_options must be an object")
-    _validate_measurements(record["measurements"])
-    memory = record["memory"]
-    _require(isinstance(memory, dict), "memory must be an object")
-    if memory.get("peak_source") is not None:
-        _require(memory["peak_source"] in PEAK_SOURCES, f"memory.peak_source must be one of {PEAK_SOURCES}")
-    _require(record["prediction"] is None or isinstance(record["prediction"], dict), "prediction must be an object")
-    _require(record["planned"] is None or isinstance(record["planned"], dict), "planned must be an object or null")
-    provenance = record["provenance"]
-    _require(isinstance(provenance, dict), "provenance must be an object")
-    _require(provenance.get("source") in PROVENANCE_SOURCES, f"provenance.source must be one of {PROVENANCE_SOURCES}")
-    _require(isinstance(record["log_tail"], list), "log_tail must be a list of lines")
-
-
-def _validate_measurements(measurements: Any) -> None:
-    _require(isinstance(measurements, dict), "measurements must be an object")
-    for i, point in enumerate(measurements.get("prefill") or []):
-        _require(isinstance(point, dict) and "prompt_tokens" in point, f"measurements.prefill[{i}] lacks prompt_tokens")
-        for key in ("ttft_ms", "prefill_tok_s"):
-            if key in point:
-                _validate_summary(point[key], f"measurements.prefill[{i}].{key}")
-    decode = measurements.get("decode")
-    if decode:
-        _require(isinstance(decode, dict), "measurements.decode must be an object")
-        if "decode_tok_s" in decode:
-            _validate_summary(decode["decode_tok_s"], "measurements.decode.decode_tok_s")
+    """Raise ValueError naming the first problem when ``record`` is not a well-formed run record: the published
+    JSON Schema (:func:`json_schema`), checked with :mod:`harness.schemacheck`."""
+    if not isinstance(record, dict):
+        raise ValueError("record must be a JSON object")
+    version = record.get("schema_version")
+    if version != SCHEMA_VERSION and "schema_version" in record:
+        raise ValueError(f"unsupported schema_version {version!r}"
+                         + (" (migrate it first: harness.record_schema.migrate)" if version in MIGRATIONS else ""))
+    problem = first_error(record, _SCHEMA)
+    if problem:
+        raise ValueError(f"record: {problem}")
 
 
 # ------------------------------------------------------------------------------------------------ JSON Schema
@@ -252,6 +206,8 @@ def json_schema() -> dict[str, Any]:
         },
     }
 
+
+_SCHEMA = json_schema()
 
 if __name__ == "__main__":
     sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")

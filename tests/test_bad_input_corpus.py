@@ -192,6 +192,20 @@ for name, content in [("empty", ""), ("binary", b"\x00\xff\xfe\xfd" * 30), ("not
     ext = ".json" if isinstance(content, str) and content.startswith(("{", "[")) else ".md"
     case(f"import llama-bench {name}", [*LB, "{tmp}/r" + ext, "--model", "llama-3-8b", "--gpu", "rtx-4090",
                                          "--runs-dir", "{runs}"], {"r" + ext: content})
+_ROW = {"model_type": "llama 8B Q4_0", "n_prompt": 512, "n_gen": 0, "stddev_ts": 1.0, "avg_ts": 10}
+for name, change in [("speed as text", {"avg_ts": "fast"}), ("zero speed", {"avg_ts": 0}),
+                     ("fractional tokens", {"n_prompt": 0, "n_gen": 1.5}), ("negative size", {"model_size": -1}),
+                     ("no model type", {"model_type": None}), ("negative samples", {"samples_ts": [10, -1]}),
+                     ("zero threads", {"n_threads": 0})]:
+    content = json.dumps([{k: v for k, v in {**_ROW, **change}.items() if v is not None}])
+    case(f"import llama-bench {name}", [*LB, "{tmp}/r.json", "--model", "llama-3-8b", "--gpu", "rtx-4090",
+                                         "--runs-dir", "{runs}"], {"r.json": content})
+case("import llama-bench csv with a word for a count",
+     [*LB, "{tmp}/r.csv", "--model", "llama-3-8b", "--gpu", "rtx-4090", "--runs-dir", "{runs}"],
+     {"r.csv": "model_type,n_prompt,n_gen,avg_ts\nllama 8B Q4_0,many,0,100.5\n"})
+case("import llama-bench csv with an empty speed",
+     [*LB, "{tmp}/r.csv", "--model", "llama-3-8b", "--gpu", "rtx-4090", "--runs-dir", "{runs}"],
+     {"r.csv": "model_type,n_prompt,n_gen,avg_ts\nllama 8B Q4_0,512,0,\n"})
 case("import llama-bench missing file", [*LB, "{tmp}/missing.md", "--model", "llama-3-8b", "--runs-dir", "{runs}"])
 case("import llama-bench a folder", [*LB, "{tmp}", "--model", "llama-3-8b", "--runs-dir", "{runs}"])
 case("import llama-bench unknown model", [*LB, "{tmp}/r.md", "--model", "nope", "--runs-dir", "{runs}"],
@@ -201,6 +215,17 @@ for name, content in [("empty", ""), ("binary", b"\x00\x01" * 50), ("not JSON", 
                       ("no known keys", '{"hello": 1}'), ("a number", "42")]:
     case(f"import vllm-bench {name}", [*V, "{tmp}/v.json", "--model", "llama-3.2-3b", "--gpu", "l40s",
                                         "--runs-dir", "{runs}"], {"v.json": content})
+for name, content in [("negative TPOT", '{"median_tpot_ms": -3, "mean_ttft_ms": 10}'),
+                      ("zero concurrency", '{"median_tpot_ms": 10, "max_concurrency": 0}'),
+                      ("completed as text", '{"median_tpot_ms": 10, "completed": "ten"}'),
+                      ("negative rate", '{"median_tpot_ms": 10, "request_rate": -1}'),
+                      ("infinite TTFT", '{"median_tpot_ms": 10, "mean_ttft_ms": Infinity}'),
+                      ("latency of nothing", '{"latencies": []}'),
+                      ("negative latency", '{"avg_latency": -0.5}'),
+                      ("zero throughput", '{"tokens_per_second": 0}')]:
+    case(f"import vllm-bench {name}", [*V, "{tmp}/v.json", "--model", "llama-3.2-3b", "--gpu", "l40s",
+                                        "--input-len", "128", "--output-len", "16", "--runs-dir", "{runs}"],
+         {"v.json": content})
 case("import vllm-bench unknown gpu", [*V, "{tmp}/v.json", "--model", "llama-3.2-3b", "--gpu", "rtx-9090",
                                         "--runs-dir", "{runs}"], {"v.json": '{"median_tpot_ms": 10}'})
 case("import unknown kind", ["import", "guidellm", "{tmp}/x.json", "--model", "llama-3-8b"])

@@ -22,7 +22,7 @@ def test_the_schemas_are_valid_json_schema():
     ({"contxt": 4096}, "unknown key 'contxt'"),
     ({"context": 512.0}, "context: 512.0 is not of type 'integer'"),
     ({"context": True}, "context: True is not of type 'integer'"),
-    ({"offload_fraction": float("nan")}, "offload_fraction: nan is not of type 'number'"),
+    ({"offload_fraction": float("nan")}, "offload_fraction: nan is not a finite number"),
     ({"offload_fraction": 1.5}, "offload_fraction: 1.5 is greater than the maximum of 1"),
     ({"reps": 0}, "reps: 0 is less than the minimum of 1"),
     ({"prompt_tokens": [64, -1]}, "prompt_tokens"),

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 
+from calibration.import_schema import LLAMA_BENCH_ROW_SCHEMA, VLLM_RESULT_SCHEMAS, check_llama_bench_row
 from calibration.importers import (
     detect_format,
     import_llama_bench,
@@ -53,6 +55,33 @@ def test_machine_formats_give_the_same_rows(suffix):
     assert rows[0]["gpu_info"] == "NVIDIA GeForce RTX 4080"
     assert int(rows[0]["n_prompt"]) == 512 and int(rows[1]["n_gen"]) == 128
     assert quant_from_model_type(rows[0]["model_type"]) == "Q4_K_M"
+    assert isinstance(rows[0]["n_prompt"], int) and isinstance(rows[0]["avg_ts"], float)  # csv cells read as numbers
+
+
+def test_every_shipped_llama_bench_file_passes_the_row_schema():
+    for schema in (LLAMA_BENCH_ROW_SCHEMA, *VLLM_RESULT_SCHEMAS.values()):
+        jsonschema.Draft202012Validator.check_schema(schema)
+    checked = 0
+    for entry in load_manifest():
+        if entry["kind"] == "llama-bench":
+            for i, row in enumerate(_load(DATA / entry["file"])):
+                check_llama_bench_row(row, entry["file"], i)
+                checked += 1
+    assert checked > 600
+
+
+@pytest.mark.parametrize("change,fragment", [
+    ({"n_prompt": -512}, "row 1: n_prompt: -512 is less than the minimum of 0"),
+    ({"avg_ts": "fast"}, "row 1: avg_ts: 'fast' is not of type 'number'"),
+    ({"avg_ts": float("nan")}, "row 1: avg_ts: nan is not a finite number"),
+    ({"n_gen": 1.5}, "row 1: n_gen: 1.5 is not of type 'integer'"),
+    ({"stddev_ts": -1}, "row 1: stddev_ts: -1 is less than the minimum of 0"),
+])
+def test_a_row_the_schema_refuses_names_the_file_row_and_field(change, fragment):
+    row = {"model_type": "llama 8B Q4_0", "n_prompt": 512, "n_gen": 0, "avg_ts": 100.0, **change}
+    with pytest.raises(BenchcalError) as refused:
+        check_llama_bench_row(row, "r.json", 0)
+    assert str(refused.value) == f"r.json: {fragment}"
 
 
 def test_quant_names_map_to_catalogue_ids():
