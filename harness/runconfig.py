@@ -105,7 +105,10 @@ def check_model(cfg: Mapping[str, Any], setup: Any) -> None:
         return  # a model directory: the engine reads its config itself, the catalogue need not know it
     arch = setup.arch(cfg)
     if int(cfg["context"]) > int(arch.max_context):
-        raise BenchcalError(f"context {cfg['context']} is above {arch.id}'s maximum of {arch.max_context} tokens")
+        rs = arch.rope_scaling
+        scaled = (f"; bench measures up to the config's maximum, without the {rs.describe()} its card documents, "
+                  "which benchcal predict covers") if rs is not None and not rs.in_config else ""
+        raise BenchcalError(f"context {cfg['context']} is above {arch.id}'s maximum of {arch.max_context} tokens{scaled}")
 
 
 

@@ -18,13 +18,57 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from predictor.errors import BenchcalError
+
+ROPE_SCALING_TYPES = ("yarn", "linear", "dynamic", "llama3", "longrope")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A RoPE scaling: ``type`` (yarn, linear, dynamic, llama3, longrope) with ``factor`` over a trained window
+    of ``original_max_context`` tokens, reaching ``max_context``. ``in_config``: the model's config.json enables
+    it (the engines apply it as loaded); else the model card documents it as a setting to add for long inputs
+    (Qwen2.5 and Qwen3: YaRN x4 from 32,768 to 131,072 tokens), and ``source`` / ``note`` cite and qualify it."""
+
+    type: str
+    factor: float
+    original_max_context: int
+    max_context: int
+    in_config: bool
+    source: str
+    note: str = ""
+
+    def describe(self) -> str:
+        return f"{self.type} x{self.factor:g} from {self.original_max_context:,} to {self.max_context:,} tokens"
+
+
+def rope_scaling_from_config(lang: dict, max_position: int, source: str) -> RopeScaling | None:
+    """The scaling a config's ``rope_scaling`` enables (``type`` or ``rope_type``, ``factor``,
+    ``original_max_position_embeddings``); None for none or one this module does not know."""
+    rs = lang.get("rope_scaling")
+    if not isinstance(rs, dict):
+        return None
+    kind = str(rs.get("rope_type") or rs.get("type") or "").lower()
+    try:
+        factor = float(rs.get("factor") or 0)
+    except (TypeError, ValueError):
+        return None
+    if kind not in ROPE_SCALING_TYPES or not math.isfinite(factor) or factor <= 0:
+        return None
+    original = rs.get("original_max_position_embeddings")
+    original = int(original) if isinstance(original, (int, float)) and original > 0 else None
+    if kind in ("yarn", "linear", "dynamic") and original:
+        scaled = max(int(max_position), int(original * factor))  # vLLM's derived maximum: original x factor
+    else:
+        scaled = int(max_position)  # llama3 / longrope configs state the scaled maximum themselves
+    return RopeScaling(type=kind, factor=factor, original_max_context=original or int(max_position),
+                       max_context=scaled, in_config=True, source=source)
 
 
 @dataclass(frozen=True)
@@ -76,6 +120,22 @@ class ModelArch:
     weights_quant: str | None
     params_extra: int = 0
     expert_format: str | None = None  # the checkpoint's own format of its routed experts ("MXFP4": gpt-oss)
+    rope_scaling: RopeScaling | None = None  # the config's, or one its model card documents
+    long_context: bool = False  # a documented scaling enabled: ``max_context`` is then the scaled maximum
+    config_max_context: int | None = None  # with ``long_context``: the config's own maximum
+
+    @property
+    def native_max_context(self) -> int:
+        """The config's maximum, before a documented scaling that :meth:`with_long_context` enables."""
+        return self.config_max_context or self.max_context
+
+    def with_long_context(self) -> ModelArch:
+        """This model with the RoPE scaling its card documents enabled (``max_context`` the scaled maximum);
+        itself when the config enables its own scaling or none is documented."""
+        rs = self.rope_scaling
+        if rs is None or rs.in_config or self.long_context:
+            return self
+        return replace(self, max_context=rs.max_context, long_context=True, config_max_context=self.max_context)
 
     def kv_elements_per_token(self, context: Any) -> Any:
         """KV elements one sequence holds at a context of ``context`` tokens (S):
@@ -287,9 +347,10 @@ def _moe_layer_params(f: _Fields, model_type: str, hidden: int, num_experts: int
 def from_hf_config(cfg: dict, *, id: str, name: str | None = None, hf_id: str | None = None, source: str,
                    published_params_b: float | None = None, published_params_source: str | None = None,
                    params_extra: int = 0, weights_bytes_exact: int | None = None,
-                   weights_quant: str | None = None) -> ModelArch:
+                   weights_quant: str | None = None, documented_rope_scaling: RopeScaling | None = None) -> ModelArch:
     """Derive a :class:`ModelArch` from a Hugging Face ``config.json`` dict (multimodal configs: the
-    ``text_config`` language model; ``params_extra`` adds parameters outside it to ``params_total``).
+    ``text_config`` language model; ``params_extra`` adds parameters outside it to ``params_total``;
+    ``documented_rope_scaling``: a scaling the model card documents, kept when the config enables none).
 
     DeepSeek-V3's multi-token-prediction layer (``num_nextn_predict_layers``) is not counted: it is
     not part of the main model and engines do not load it unless speculative decoding asks for it.
@@ -342,6 +403,9 @@ def from_hf_config(cfg: dict, *, id: str, name: str | None = None, hf_id: str | 
     unselected = expert_params - (expert_params * experts_per_token // num_experts if num_experts else 0)
     active = total - params_extra - embedding - unselected + (embedding if tied else 0)
 
+    in_config = rope_scaling_from_config(lang, max_context, source)
+    if in_config is not None:  # a config that enables YaRN over its trained window reaches original x factor
+        max_context = max(max_context, in_config.max_context)
     sliding = _sliding_layers(f, text_type, layers)
     n_window = sum(sliding)
     window = f.count("sliding_window") if n_window else None
@@ -360,6 +424,7 @@ def from_hf_config(cfg: dict, *, id: str, name: str | None = None, hf_id: str | 
         published_params_source=published_params_source, weights_bytes_exact=weights_bytes_exact,
         weights_quant=weights_quant, params_extra=params_extra,
         expert_format=_expert_format(cfg) if expert_params else None,
+        rope_scaling=in_config or documented_rope_scaling,
     )
 
 

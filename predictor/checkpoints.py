@@ -10,11 +10,12 @@ without loading weights, into a :class:`~predictor.architecture.ModelArch` with 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 from typing import Any
 
-from predictor.architecture import ModelArch, from_hf_config, language_config, read_config_json
+from predictor.architecture import ModelArch, RopeScaling, from_hf_config, language_config, read_config_json
 from predictor.errors import BenchcalError
 
 
@@ -163,6 +164,22 @@ def _gguf_sliding_layers(meta: _GGUFMeta, num_layers: int) -> list[bool]:
     return [n > 0 and i % n < n - 1 for i in range(num_layers)]
 
 
+def _gguf_rope_scaling(meta: Any, context_length: int, source: str) -> RopeScaling | None:
+    """The RoPE scaling a GGUF enables (``<arch>.rope.scaling.type`` yarn or linear, ``.factor``,
+    ``.original_context_length``, as llama.cpp's converter writes a config's ``rope_scaling``); llama.cpp applies it
+    as loaded, so it counts as the file's own (``in_config``)."""
+    kind = str(meta.arch_value("rope.scaling.type", "") or "").lower()
+    try:
+        factor = float(meta.arch_value("rope.scaling.factor", 0) or 0)
+    except (TypeError, ValueError):
+        return None
+    if kind not in ("yarn", "linear") or not math.isfinite(factor) or factor <= 1:
+        return None
+    original = int(meta.arch_value("rope.scaling.original_context_length", 0) or 0) or context_length
+    return RopeScaling(type=kind, factor=float(factor), original_max_context=original,
+                       max_context=max(context_length, int(original * factor)), in_config=True, source=source)
+
+
 def from_gguf(path: str | Path) -> ModelArch:
     """A GGUF file: shape from ``{arch}.*`` metadata, parameters and bytes from the tensor table.
 
@@ -206,12 +223,14 @@ def from_gguf(path: str | Path) -> ModelArch:
     unselected = expert - (expert * k // num_experts if num_experts else 0)
     tied = output == 0
     name = meta.value("general.name")
+    context_length = int(meta.arch_value("context_length", 0))
+    rope = _gguf_rope_scaling(meta, context_length, str(path))
     return ModelArch(
         id=_id_from_path(path), name=str(name) if name else path.stem, hf_id=None, source=str(path),
         architecture=meta.arch, num_layers=layers, hidden_size=hidden,
         intermediate_size=_first_int(meta.arch_value("feed_forward_length", 0)),
         num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=vocab,
-        max_context=int(meta.arch_value("context_length", 0)), tie_embeddings=tied,
+        max_context=max(context_length, rope.max_context if rope else 0), tie_embeddings=tied, rope_scaling=rope,
         attention="mla" if kv_lora else "gqa",
         kv_elements_per_token_full=(layers - n_window) * kv_per_layer,
         kv_elements_per_token_window=n_window * kv_per_layer,

@@ -313,7 +313,7 @@ def predict_scenario(
     """
     s = scenario
     eng, arch, dev = normalize_engine(s.engine), scenario_arch(s), scenario_device(s)
-    validate_scenario(s, arch, dev, eng)
+    arch = validate_scenario(s, arch, dev, eng)
     if isinstance(coefficients, Coefficients):
         table = coefficients
     elif coefficients == "default":

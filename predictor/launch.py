@@ -12,6 +12,7 @@ estimate; the one prediction they need (the offload a command sets) comes in as 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -40,6 +41,23 @@ def _llama_model_arg(est: Estimate, quant: str) -> str:
     return f"-m {m.id}-{quant}.gguf"
 
 
+def _long_context(est: Estimate):
+    """The model card's RoPE scaling when this prediction enables it (a context beyond the config's maximum)."""
+    return est.model.rope_scaling if est.model.long_context else None
+
+
+def llama_cpp_rope_flags(est: Estimate) -> list[str]:
+    """llama-server's flags for a documented RoPE scaling (``--rope-scaling``, ``--rope-scale``,
+    ``--yarn-orig-ctx``: llama.cpp's common/arg.cpp; its server test of context extension passes the three)."""
+    rs = _long_context(est)
+    if rs is None or rs.type not in ("yarn", "linear"):
+        return []
+    flags = [f"--rope-scaling {rs.type}", f"--rope-scale {rs.factor:g}"]
+    if rs.type == "yarn":
+        flags.append(f"--yarn-orig-ctx {rs.original_max_context}")
+    return flags
+
+
 def llama_cpp_command(est: Estimate) -> str:
     """``llama-server`` for this configuration; -ngl is the most layers that fit when offload is needed."""
     v = est.values
@@ -53,7 +71,8 @@ def llama_cpp_command(est: Estimate) -> str:
         ngl = int(v["max_gpu_layers"])
     else:
         ngl = 999
-    parts = [f"llama-server {_llama_model_arg(est, quant)}", f"--ctx-size {est.context * est.batch}"]
+    parts = [f"llama-server {_llama_model_arg(est, quant)}", f"--ctx-size {est.context * est.batch}",
+             *llama_cpp_rope_flags(est)]
     if est.batch > 1:
         parts.append(f"--parallel {est.batch}")
     parts.append(f"-ngl {ngl}")
@@ -76,6 +95,10 @@ def ollama_command(est: Estimate) -> str:
     Ollama places the layers itself, so offload has no flag here."""
     quant = est.quant.id if "llama.cpp" in est.quant.engines else _LLAMA_EQUIVALENT.get(est.quant.id, "Q4_K_M")
     model = _llama_model_arg(est, quant)
+    rs = _long_context(est)
+    if rs is not None:
+        return (f"# Ollama has no setting for {rs.type} RoPE scaling: beyond {est.model.native_max_context:,} tokens "
+                "use the llama.cpp or vLLM command")
     if not model.startswith("-hf "):
         return f"# Ollama: make a model of {model.removeprefix('-m ')} with a Modelfile (FROM <file>), then ollama run it"
     env = [f"OLLAMA_CONTEXT_LENGTH={est.context}", f"OLLAMA_FLASH_ATTENTION={1 if est.flash_attn else 0}"]
@@ -103,6 +126,10 @@ def vllm_command(est: Estimate, vllm_est: Estimate | None) -> str:
     if quant in ("AWQ", "GPTQ") and m.hf_id:
         repo = f"{m.hf_id}-{quant}"
     parts = [f"vllm serve {repo}", f"--max-model-len {e.context}"]
+    rs = _long_context(e)
+    if rs is not None:  # the card's rope_scaling block, as vLLM's --hf-overrides takes a config change
+        block = {"rope_type": rs.type, "factor": rs.factor, "original_max_position_embeddings": rs.original_max_context}
+        parts.append(f"--hf-overrides '{json.dumps({'rope_scaling': block}, separators=(',', ':'))}'")
     if e.device.kind != "cpu":
         parts.append(f"--gpu-memory-utilization {gpu_memory_utilization(e.values['total_bytes'], e.device_count, e.device.memory_gib):.2f}")
     if e.device_count > 1:

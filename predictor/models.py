@@ -15,7 +15,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from predictor.architecture import ModelArch, from_hf_config, read_config_json
+from predictor.architecture import (
+    ModelArch,
+    RopeScaling,
+    from_hf_config,
+    read_config_json,
+    rope_scaling_from_config,
+)
 from predictor.checkpoints import from_gguf, from_hf_dir
 from predictor.errors import BenchcalError, suggest
 
@@ -54,12 +60,28 @@ def load_catalogue_entries() -> tuple[dict[str, Any], ...]:
     return tuple(sorted(entries, key=lambda e: e["id"]))
 
 
+def documented_rope_scaling(entry: dict[str, Any]) -> RopeScaling | None:
+    """The long-context setting a catalogue entry's model card documents (``long_context``: the card's
+    ``rope_scaling`` block, its ``source`` and a ``note``), as a :class:`RopeScaling` not in the config."""
+    long = entry.get("long_context")
+    if not long:
+        return None
+    lang = entry["config"].get("text_config") or entry["config"]
+    found = rope_scaling_from_config({"rope_scaling": long["rope_scaling"]}, int(lang["max_position_embeddings"]),
+                                     long["source"])
+    if found is None:
+        raise BenchcalError(f"model catalogue entry {entry['id']}: long_context.rope_scaling is not a known scaling")
+    return RopeScaling(type=found.type, factor=found.factor, original_max_context=found.original_max_context,
+                       max_context=found.max_context, in_config=False, source=long["source"], note=long.get("note", ""))
+
+
 def _arch_from_entry(entry: dict[str, Any]) -> ModelArch:
     return from_hf_config(
         entry["config"], id=entry["id"], name=entry.get("name"), hf_id=entry.get("hf_id"), source=entry["source"],
         published_params_b=entry.get("published_params_b"),
         published_params_source=entry.get("published_params_source"),
         params_extra=int(entry.get("extra_params") or 0),
+        documented_rope_scaling=documented_rope_scaling(entry),
     )
 
 

@@ -67,6 +67,13 @@ class Estimate:
                 "active_params_b": round(m.params_active / 1e9, 3),
                 "architecture": m.architecture, "attention": m.attention, "layers": m.num_layers,
                 "max_context": m.max_context, "moe": bool(m.num_experts),
+                "native_max_context": m.native_max_context,
+                "rope_scaling": None if m.rope_scaling is None else {
+                    "type": m.rope_scaling.type, "factor": m.rope_scaling.factor,
+                    "original_max_context": m.rope_scaling.original_max_context,
+                    "max_context": m.rope_scaling.max_context, "in_config": m.rope_scaling.in_config,
+                    "enabled": m.rope_scaling.in_config or m.long_context,
+                    "source": m.rope_scaling.source, "note": m.rope_scaling.note or None},
             },
             "gpu": {
                 "id": d.id, "name": d.name, "kind": d.kind, "count": self.device_count,

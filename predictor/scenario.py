@@ -98,11 +98,20 @@ class Scenario:
         )
 
 
-def require_context(arch: ModelArch, context: int) -> None:
-    """A positive context no longer than the model's maximum, else a BenchcalError."""
+def require_context(arch: ModelArch, context: int) -> ModelArch:
+    """The model to predict ``context`` tokens with: ``arch`` itself up to its maximum; above it, ``arch`` with the
+    RoPE scaling its model card documents enabled (:meth:`ModelArch.with_long_context`) up to the scaled maximum;
+    else a BenchcalError (a positive context is required)."""
     positive("--ctx", context)
-    if context > arch.max_context:
-        raise BenchcalError(f"context {context} is above {arch.id}'s maximum of {arch.max_context} tokens")
+    if context <= arch.max_context:
+        return arch
+    scaled = arch.with_long_context()
+    if context <= scaled.max_context:
+        return scaled
+    rs = arch.rope_scaling
+    beyond = (f" ({rs.describe()}, as {'its config sets' if rs.in_config else 'its card documents'})"
+              if rs and scaled.max_context > arch.native_max_context else "")
+    raise BenchcalError(f"context {context} is above {arch.id}'s maximum of {scaled.max_context} tokens{beyond}")
 
 
 def device_kwargs(device: Device, engine: str) -> dict[str, Any]:
@@ -140,8 +149,9 @@ def scenario_device(s: Scenario) -> Device:
     return s.device if isinstance(s.device, Device) else resolve_device(s.device)
 
 
-def validate_scenario(s: Scenario, arch: ModelArch, dev: Device, engine: str) -> None:
-    """What a user can ask for that the model cannot describe: a one-line BenchcalError each."""
+def validate_scenario(s: Scenario, arch: ModelArch, dev: Device, engine: str) -> ModelArch:
+    """What a user can ask for that the model cannot describe: a one-line BenchcalError each. Returns the model
+    to predict with (:func:`require_context`: with its documented long-context scaling when the context needs it)."""
     positive("--ctx", s.context)
     positive("--prompt", s.prompt_tokens)
     positive("--batch", s.batch)
@@ -155,11 +165,12 @@ def validate_scenario(s: Scenario, arch: ModelArch, dev: Device, engine: str) ->
         raise BenchcalError(f"--gpu-memory-utilization is a fraction of the device in (0, 1], got {s.gpu_memory_utilization}")
     if s.offload_fraction > 1:
         raise BenchcalError(f"--offload is a fraction of the layers, between 0 and 1, got {s.offload_fraction}")
-    require_context(arch, s.context)
+    arch = require_context(arch, s.context)
     if engine not in dev.engines:
         raise BenchcalError(f"{engine} does not run on {dev.name} (engines there: {', '.join(dev.engines)})")
     if s.device_count > 1 and dev.kind != "gpu":
         raise BenchcalError(f"--gpus {s.device_count}: tensor parallelism needs discrete GPUs, {dev.name} is {dev.kind}")
+    return arch
 
 
 def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | None = None,

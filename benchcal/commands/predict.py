@@ -143,8 +143,7 @@ def cmd_predict(args) -> int:
 
 def cmd_leaderboard(args) -> int:
     engine = normalize_engine(args.engine)
-    arch = resolve_model(args.model)
-    require_context(arch, args.ctx)
+    arch = require_context(resolve_model(args.model), args.ctx)
     rep = leaderboard_report(arch, args.quant or traits(engine).leaderboard_quant,
                              args.ctx, engine, table=_table(args),
                              prompt_tokens=positive("--prompt", args.prompt), kv_dtype=args.kv_dtype,
@@ -165,7 +164,7 @@ def cmd_matrix(args) -> int:
         for c in contexts:
             if c <= 0:
                 raise BenchcalError(f"--contexts takes comma-separated positive integers, got '{args.contexts}'")
-            require_context(arch, c)
+        arch = require_context(arch, max(contexts))
     rep = matrix_report(arch, resolve_gpu(args), engine, contexts=contexts, table=_table(args),
                         device_count=positive("--gpus", args.gpus), kv_dtype=args.kv_dtype)
     emit(render(rep, args.format), args)
@@ -174,8 +173,7 @@ def cmd_matrix(args) -> int:
 
 def cmd_recommend(args) -> int:
     engine = normalize_engine(args.engine)
-    arch = resolve_model(args.model)
-    require_context(arch, args.ctx)
+    arch = require_context(resolve_model(args.model), args.ctx)
     if args.budget is not None:
         positive("--budget", args.budget)
     prompt = prompt_tokens(args)

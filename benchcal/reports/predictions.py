@@ -62,6 +62,15 @@ def contexts_for(arch: ModelArch, start: int = 4096) -> list[int]:
     return out or [arch.max_context]
 
 
+def long_context_note(arch: ModelArch) -> str:
+    """A sentence for a report whose context needs the RoPE scaling the model card documents; else empty."""
+    rs = arch.rope_scaling
+    if not (arch.long_context and rs):
+        return ""
+    return (f" Beyond the config's {arch.native_max_context:,} tokens: {rs.describe()}, as the model card documents "
+            f"({rs.source}).")
+
+
 def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     """The fit report: breakdown, verdict, throughput, context scaling, launch commands."""
     d = est.to_dict()
@@ -76,6 +85,16 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
         ),
         data=d,
     )
+    rope = m["rope_scaling"]
+    if est.model.long_context and rope:
+        rep.add("Long context", "kv", [
+            ["RoPE scaling", f"{rope['type']} x{rope['factor']:g} from {rope['original_max_context']:,} to "
+                             f"{rope['max_context']:,} tokens (the config's maximum is {m['native_max_context']:,})"],
+            ["Source", f"the model card: {rope['source']}"],
+            ["Note", rope["note"] or "-"],
+        ], ["Quantity", "Value"])
+        rep.sections[-1].note = ("KV cache and speeds are computed at this context as at any other; the launch commands "
+                                 "below enable the scaling.")
     weights_note = f"{mem['weights_bits_per_weight']} bits/weight"
     if mem["weights_source"] != WEIGHTS_FROM_WIDTH:
         weights_note += f", {mem['weights_source']}"
@@ -186,7 +205,8 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
         ])
     rep = Report(
         title=f"Hardware leaderboard — {arch.name}, {q.id}, {context:,} context, {engine}",
-        subtitle=f"{len(devs)} devices; decode at batch {batch}, TTFT for a {prompt_tokens:,}-token prompt.",
+        subtitle=f"{len(devs)} devices; decode at batch {batch}, TTFT for a {prompt_tokens:,}-token prompt."
+                 + long_context_note(arch),
         data={"model": arch.id, "quant": q.id, "context": context, "engine": engine, "rows": data_rows},
     )
     rep.add("Devices", "table", rows, ["Hardware", "Status", "Total / usable GiB", "Decode tok/s", "TTFT s",
@@ -242,7 +262,8 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
     usable = _gib(r["usable_bytes"][0, 0, 0, 0])
     rep = Report(
         title=f"Quantization x context — {arch.name} on {device.name} ({engine})",
-        subtitle=f"Usable device memory {usable:.2f} GiB; KV cache {kv.id}; batch 1; decode at a full context.",
+        subtitle=f"Usable device memory {usable:.2f} GiB; KV cache {kv.id}; batch 1; decode at a full context."
+                 + long_context_note(arch),
         data={"model": arch.id, "gpu": device.id, "engine": engine, "usable_gib": usable,
               "contexts": ctxs, "rows": data_rows},
     )
@@ -362,7 +383,8 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
     constraints = [f"min decode {min_decode:g} tok/s" if min_decode else "", f"budget ${budget_usd:,.0f}" if budget_usd else ""]
     rep = Report(
         title=f"Recommended hardware — {arch.name}, {q.id}, {context:,} context, {engine}",
-        subtitle=f"{len(candidates)} configurations fit" + "".join(f"; {c}" for c in constraints if c) + ".",
+        subtitle=f"{len(candidates)} configurations fit" + "".join(f"; {c}" for c in constraints if c) + "."
+                 + long_context_note(arch),
         data={"model": arch.id, "quant": q.id, "context": context, "engine": engine, "picks": data},
     )
     rep.add("Recommendations", "table", rows, ["Pick", "Hardware", "Total / usable GiB", "Decode tok/s", "TTFT s", "Price"])
