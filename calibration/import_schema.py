@@ -1,6 +1,8 @@
 """The JSON Schemas of the result files ``benchcal import`` reads, checked with :mod:`harness.schemacheck`
 before a record is built: a llama-bench row (its json field names; the markdown and csv forms are read into
-those names first) and each kind of vLLM benchmark result (serve, latency, throughput).
+those names first), a run of a llama.cpp log (llama-cli or llama-perplexity, as
+:mod:`calibration.importers_llama_log` reads it) and each kind of vLLM benchmark result (serve, latency,
+throughput).
 
 The schemas hold what the records are built from: types, finiteness and ranges (token counts are whole numbers
 of zero or more, speeds and times positive, a concurrency at least 1). Other keys pass: both tools write
@@ -90,6 +92,29 @@ VLLM_RESULT_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
+LLAMA_LOG_RUN_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "one llama-cli or llama-perplexity run of a llama.cpp log, as calibration.importers_llama_log reads it",
+    "type": "object",
+    "required": ["tool", "quant", "n_ctx", "n_batch", "n_ubatch"],
+    "properties": {
+        "tool": {"enum": ["llama-cli", "llama-perplexity"]},
+        "quant": {"type": "string", "minLength": 1},
+        "n_ctx": _WHOLE, "n_batch": _WHOLE, "n_ubatch": _WHOLE,
+        "prompt_eval_ms": _POSITIVE, "prompt_tokens": _WHOLE, "eval_ms": _POSITIVE, "eval_runs": _WHOLE,
+        "model_size_bytes": _nullable(_WHOLE), "model_params": _nullable(_WHOLE),
+        "n_gpu_layers": _nullable(_COUNT), "threads": _nullable(_WHOLE), "build_number": _nullable(_COUNT),
+        "build_commit": _TEXT, "device_name": _TEXT, "kv_dtype": _TEXT, "flash_attn": {"type": ["boolean", "null"]},
+        "quantized_matmul": {"enum": ["cublas-fp16", None]},
+    },
+    "allOf": [
+        {"if": {"properties": {"tool": {"const": "llama-perplexity"}}},
+         "then": {"required": ["prompt_eval_ms", "prompt_tokens"]}},
+        {"if": {"properties": {"tool": {"const": "llama-cli"}}}, "then": {"required": ["eval_ms", "eval_runs"]}},
+    ],
+}
+
+
 def csv_row(row: dict[str, Any]) -> dict[str, Any]:
     """A llama-bench csv row with its numeric cells read as numbers (an empty cell is null)."""
     out = dict(row)
@@ -114,6 +139,10 @@ def csv_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def check_llama_bench_row(row: Any, file_name: str, index: int) -> None:
     check(row, LLAMA_BENCH_ROW_SCHEMA, f"{file_name}: row {index + 1}")
+
+
+def check_llama_log_run(run: Any, file_name: str, index: int) -> None:
+    check(run, LLAMA_LOG_RUN_SCHEMA, f"{file_name}: run {index + 1}")
 
 
 def check_vllm_result(result: Any, kind: str, file_name: str, index: int) -> None:

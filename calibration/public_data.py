@@ -1,6 +1,6 @@
 """Import the public benchmark results kept under ``tests/data/imported`` into run records.
 
-``tests/data/imported/sources.json`` lists every file with its kind (llama-bench or vllm-bench), the
+``tests/data/imported/sources.json`` lists every file with its kind (llama-bench, llama-log or vllm-bench), the
 catalogue model and GPU it was measured with, and the URL it was copied from. This module replays
 ``benchcal import`` over that list, so ``runs/imported`` can be rebuilt from the files at any time::
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.importers import import_llama_bench
+from calibration.importers_llama_log import import_llama_log
 from calibration.importers_vllm import import_vllm_bench
 from predictor.errors import BenchcalError
 
@@ -37,6 +38,9 @@ def import_public(runs_dir: str | Path, data_dir: str | Path = DATA_DIR) -> tupl
         if entry["kind"] == "llama-bench":
             written, notes = import_llama_bench(file, model=entry["model"], runs_dir=runs_dir, gpu=entry.get("gpu"),
                                                 source_url=entry["url"], exclude=entry.get("exclude_from_fit"))
+        elif entry["kind"] == "llama-log":
+            written, notes = import_llama_log(file, model=entry["model"], runs_dir=runs_dir, gpu=entry.get("gpu"),
+                                              source_url=entry["url"], exclude=entry.get("exclude_from_fit"))
         elif entry["kind"] == "vllm-bench":
             written, notes = import_vllm_bench(file, model=entry["model"], runs_dir=runs_dir, gpu=entry.get("gpu"),
                                                source_url=entry["url"])

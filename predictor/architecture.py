@@ -209,6 +209,10 @@ _QKV_BIAS_TYPES = {"qwen2", "qwen2_moe", "qwen2_vl"}
 _QK_NORM_TYPES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"}
 # Families with four norms per layer (pre/post attention, pre/post MLP).
 _FOUR_NORM_TYPES = {"gemma2", "gemma3", "gemma3_text"}
+# Families with a plain (not gated) two-matrix MLP with biases, LayerNorms with biases and biased attention
+# (GPT-NeoX: Pythia; transformers' GPTNeoXLayer: query_key_value and dense with bias, dense_h_to_4h and
+# dense_4h_to_h with bias, input/post-attention LayerNorm with weight and bias, final_layer_norm likewise).
+_NEOX_TYPES = {"gpt_neox"}
 # Families whose tie_word_embeddings defaults to True when the config omits it.
 _TIED_BY_DEFAULT_TYPES = {"gemma", "gemma2", "gemma3", "gemma3_text"}
 # Interleaved sliding-window families: every Nth layer is full attention (transformers' default N).
@@ -288,6 +292,11 @@ def _sliding_layers(f: _Fields, model_type: str, num_layers: int) -> list[bool]:
 def gated_mlp_params(hidden_size: int, intermediate_size: int, bias: bool = False) -> int:
     """Gate, up and down projections of a gated (SwiGLU/GeGLU) MLP."""
     return 3 * hidden_size * intermediate_size + ((2 * intermediate_size + hidden_size) if bias else 0)
+
+
+def plain_mlp_params(hidden_size: int, intermediate_size: int, bias: bool = True) -> int:
+    """Up and down projections of a non-gated (GELU) MLP, with their biases."""
+    return 2 * hidden_size * intermediate_size + ((intermediate_size + hidden_size) if bias else 0)
 
 
 def gqa_attention_params(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
@@ -382,23 +391,25 @@ def from_hf_config(cfg: dict, *, id: str, name: str | None = None, hf_id: str | 
         flops_per_layer = 2 * heads * head_dim + 2 * heads * v_dim
     else:
         head_dim = f.count("head_dim", default=hidden // heads)
-        bias = bool(f.get("attention_bias", default=False))
+        bias = bool(f.get("attention_bias", default=text_type in _NEOX_TYPES))
         attn = gqa_attention_params(
             hidden, heads, kv_heads, head_dim, qkv_bias=bias or text_type in _QKV_BIAS_TYPES, o_bias=bias,
             qk_norm=text_type in _QK_NORM_TYPES, sinks=text_type == "gpt_oss")
         kv_per_layer = 2 * kv_heads * head_dim
         flops_per_layer = 4 * heads * head_dim
 
-    norms = (4 if text_type in _FOUR_NORM_TYPES else 2) * hidden
+    neox = text_type in _NEOX_TYPES
+    norms = (4 if text_type in _FOUR_NORM_TYPES or neox else 2) * hidden  # LayerNorm: weight and bias
     moe_flags = _moe_layers(f, text_type, layers, num_experts)
     routed, moe_rest = _moe_layer_params(f, text_type, hidden, num_experts) if num_experts else (0, 0)
-    dense_mlp = gated_mlp_params(hidden, intermediate, bias=bool(f.get("mlp_bias", default=False)))
+    dense_mlp = (plain_mlp_params(hidden, intermediate) if neox
+                 else gated_mlp_params(hidden, intermediate, bias=bool(f.get("mlp_bias", default=False))))
     n_moe = sum(moe_flags)
     layer_params = layers * (attn + norms) + n_moe * (routed + moe_rest) + (layers - n_moe) * dense_mlp
 
     embedding = vocab * hidden
     output = 0 if tied else vocab * hidden
-    total = embedding + output + layer_params + hidden + params_extra
+    total = embedding + output + layer_params + (2 if neox else 1) * hidden + params_extra
     expert_params = n_moe * routed
     unselected = expert_params - (expert_params * experts_per_token // num_experts if num_experts else 0)
     active = total - params_extra - embedding - unselected + (embedding if tied else 0)

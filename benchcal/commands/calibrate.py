@@ -1,4 +1,4 @@
-"""Calibration commands: calibrate, report, check, import (llama-bench, vllm-bench)."""
+"""Calibration commands: calibrate, report, check, import (llama-bench, llama-log, vllm-bench)."""
 
 from __future__ import annotations
 
@@ -206,8 +206,15 @@ def cmd_import_vllm_bench(args) -> int:
         gpu_count=args.gpus or 1, input_len=args.input_len, output_len=args.output_len, batch_size=args.batch_size))
 
 
+def cmd_import_llama_log(args) -> int:
+    from calibration.importers_llama_log import import_llama_log
+
+    return _import_files(args, lambda file, runs: import_llama_log(
+        file, model=args.model, runs_dir=runs, gpu=args.gpu, source_url=args.source_url))
+
+
 def cmd_import_missing_kind(args) -> int:
-    raise BenchcalError("import needs a kind: llama-bench or vllm-bench (see benchcal import --help)")
+    raise BenchcalError("import needs a kind: llama-bench, llama-log or vllm-bench (see benchcal import --help)")
 
 
 def _positive_int(text: str) -> int:
@@ -256,18 +263,22 @@ def register(sub) -> None:
                    "spread more than 5%% (left out by default)")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("import", help="import llama-bench or vLLM benchmark results as run records",
+    p = sub.add_parser("import", help="import llama-bench, llama.cpp log or vLLM benchmark results as run records",
                        formatter_class=RAW, epilog="examples:\n  benchcal import llama-bench results.json "
                        "--model llama-3.1-8b\n  benchcal import vllm-bench serve.json --model qwen2.5-7b --gpu h100-sxm")
     kinds = p.add_subparsers(dest="kind", metavar="KIND", parser_class=type(p))
     for name, func, helptext in (("llama-bench", cmd_import_llama_bench, "llama-bench md/csv/json/jsonl output"),
+                                 ("llama-log", cmd_import_llama_log, "llama-cli / llama-perplexity logs (their timing "
+                                  "lines), as llama.cpp's CI keeps them"),
                                  ("vllm-bench", cmd_import_vllm_bench, "vllm bench serve/latency/throughput JSON")):
         k = kinds.add_parser(name, help=helptext, formatter_class=RAW,
                              epilog=f"example:\n  benchcal import {name} FILE --model llama-3-8b --gpu rtx-4090")
         k.add_argument("files", nargs="+", metavar="FILE", help="result file(s)")
         k.add_argument("--model", required=True, help="catalogue model the results are for (e.g. llama-3-8b)")
         k.add_argument("--gpu", default=None, help="device id or name (default: from the file)")
-        k.add_argument("--gpus", type=_positive_int, default=None, help="number of GPUs used (default 1, or the file's)")
+        if name != "llama-log":
+            k.add_argument("--gpus", type=_positive_int, default=None,
+                           help="number of GPUs used (default 1, or the file's)")
         k.add_argument("--runs-dir", default=None, help="where records go (default: imported/ in your runs, "
                        "$BENCHCAL_HOME/runs/imported)")
         k.add_argument("--source-url", default=None, help="where the file was published (stored in provenance)")
