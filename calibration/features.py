@@ -139,7 +139,7 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
 
 ARRAY_INPUTS = ("memory_gib", "usable_gib", "bandwidth_gbs", "tflops", "bits_per_weight", "exact_weights_bytes",
                 "kv_bytes_per_element", "context", "batch", "device_count", "offload_fraction", "flash_attn",
-                "cpu_repack", "cpu_repack_weights", "cpu_float_weights", "cpu_q8_weights", "cpu_generic_bytes", "n_ubatch", "cublas_dequant", "host_bandwidth_gbs", "host_memory_gib")
+                "cpu_repack", "cpu_repack_weights", "cpu_float_weights", "cpu_q8_weights", "cpu_generic_bytes", "kquant_low_weights", "n_ubatch", "cublas_dequant", "host_bandwidth_gbs", "host_memory_gib")
 
 
 @dataclass

@@ -86,11 +86,20 @@ def fit_era_overlays(dataset: Dataset, table: dict[str, Any], engine: str,
     runs show a difference); each overlay records both errors. ``Coefficients.lookup`` applies an overlay to a
     device whose own scope was not fitted on that era alone. Returns (overlays, checks): ``checks`` lists every
     (kind, era, quantity) compared, kept or not, with both errors."""
-    from predictor.eras import era_terms, eras
+    from predictor.devices import resolve_device
+    from predictor.eras import era_terms, eras, no_era_architectures
+    from predictor.errors import BenchcalError
 
     names = era_terms(engine)
     if not names:
         return {}, []
+    skipped = no_era_architectures(engine)
+
+    def era_device(device_id: str) -> bool:  # runs of architectures the eras do not describe stay out
+        try:
+            return resolve_device(device_id).architecture not in skipped
+        except BenchcalError:
+            return True
     pooled = as_predicted(table, prior)
     out: dict[str, Any] = {}
     checks: list[dict[str, Any]] = []
@@ -101,6 +110,8 @@ def fit_era_overlays(dataset: Dataset, table: dict[str, Any], engine: str,
             meta = block.meta
             mask = ((meta["engine"].to_numpy() == engine) & (meta["kind"].to_numpy() == kind) & block.fittable
                     & (masks[quantity] if masks else True))
+            if skipped and kind == "gpu":
+                mask &= np.array([era_device(str(d)) for d in meta["device_id"].to_numpy()], dtype=bool)
             rows_of[quantity] = mask
         present = {e for q in rows_of for e in dataset.blocks[q].meta["era"].to_numpy()[rows_of[q]] if e}
         if len(present) < 2:

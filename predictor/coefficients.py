@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from predictor.engines import ENGINES
-from predictor.eras import era_terms, eras, run_era
+from predictor.eras import era_applies, era_terms, eras, run_era
 from predictor.errors import BenchcalError
 from predictor.registry import COEFFICIENT_NAMES, ENGINE_DEFAULTS
 
@@ -167,7 +167,7 @@ class Coefficients:
             scope_name = f"prior:physics/{kind}" if prior else used[-1][0]
         else:
             scope_name = used[-1][0]
-        overlay = self.era_overlay(engine, era, kind) if era and kind else {}
+        overlay = self.era_overlay(engine, era, kind) if era and kind and era_applies(engine, device) else {}
         applied = None
         for name, item in overlay.items():
             if name not in era_terms(engine) or not isinstance(item, dict) or not item.get("identified", True):

@@ -76,6 +76,17 @@ def eras(engine: str) -> tuple[Era, ...]:
     return tuple(out)
 
 
+def no_era_architectures(engine: str) -> frozenset[str]:
+    """Device architectures whose runs the build eras do not describe (``no_era_architectures`` in the eras file:
+    llama.cpp's CUDA graphs, which set the eras' decode fixed times, never run below Ampere)."""
+    return frozenset((_engine_entry(engine).get("no_era_architectures") or {}).get("architectures") or ())
+
+
+def era_applies(engine: str, device: object) -> bool:
+    """False for a catalogue device of an architecture :func:`no_era_architectures` lists; True otherwise."""
+    return getattr(device, "architecture", None) not in no_era_architectures(engine)
+
+
 def era_terms(engine: str) -> tuple[str, ...]:
     """The coefficients fitted per era for ``engine`` (none for an engine without eras)."""
     return tuple(_engine_entry(engine).get("era_terms") or ())

@@ -76,6 +76,7 @@ def evaluate(
     cpu_float_weights=0.0,
     cpu_q8_weights=0.0,
     cpu_generic_bytes=0.0,
+    kquant_low_weights=0.0,
     cublas_dequant=False,
     with_max_context: bool = True,
 ) -> dict[str, np.ndarray]:
@@ -90,7 +91,9 @@ def evaluate(
     F16/BF16/F32 (llamafile's GEMM, at ``prefill_f16_efficiency``), ``cpu_q8_weights`` in Q8_0 (its generic dot
     product, ``prefill_q8_flops_per_weight``); the rest take the generic quantized path
     (``prefill_generic_flops_per_weight``), and their share of the bytes, ``cpu_generic_bytes``, unpacks at
-    ``decode_generic_flops_per_byte`` more per byte in decode.
+    ``decode_generic_flops_per_byte`` more per byte in decode. ``kquant_low_weights``: the share of the layer
+    weights in Q2_K / Q3_K tensors (``predictor.weights.low_bit_kquant_share``), which a discrete GPU's decode
+    unpacks at ``decode_kquant_flops_per_weight`` operations per weight.
     ``cublas_dequant``: the run's llama.cpp CUDA build dequantized quantized weights to FP16 for cuBLAS in
     prefill (its log says ``CUDA_USE_TENSOR_CORES: yes``; builds before PR #8075, June 2024). Calibration sets
     it from imported logs; predictions describe current builds and leave it False.
@@ -157,6 +160,9 @@ def evaluate(
     # Quantized weights (the step's share on the device) Metal's matmul kernels unpack per prompt token.
     unpack_w = np.where(quantized & (kind == "unified"),
                         tp.decode_params_per_step(arch, batch) * step_dev / np.maximum(step_w, 1.0), 0.0)
+    # Weights of the step in low-bit K-quant tensors a discrete GPU's matrix-vector kernels unpack.
+    kquant_w = np.where(quantized & on_gpu, tp.decode_params_per_step(arch, batch) * step_dev / np.maximum(step_w, 1.0)
+                        * np.asarray(kquant_low_weights, float), 0.0)
     step_s = tp.decode_step_seconds(
         arch,
         coeffs,
@@ -174,6 +180,7 @@ def evaluate(
         generic_dequant_bytes=np.where((kind == "cpu") & et.cpu_kernel_paths,
                                        (1.0 - frac) * (step_w - out_w) * np.asarray(cpu_generic_bytes, float), 0.0),
         tflops=tflops,
+        kquant_weights=kquant_w,
     )
     cpu_llama = (kind == "cpu") & et.cpu_kernel_paths
     layer_params = arch.params_active - tp.lm_head_params(arch)

@@ -23,7 +23,7 @@ from predictor.scenario import (
     device_kwargs,
     scenario_arch,
 )
-from predictor.weights import cpu_kernel_kwargs, format_bits, known_weights_bytes
+from predictor.weights import format_bits, kernel_kwargs, known_weights_bytes
 
 
 def coefficient_arrays(table: Coefficients, engine: str, devices: Sequence[Device]) -> dict[str, np.ndarray]:
@@ -92,7 +92,7 @@ def sweep(
         bpw_ne = np.array([expert if other is None else other for expert, other in bits])[q]
     known = [known_weights_bytes(arch, qf, engine)[0] for qf in quants]
     exact_weights_bytes = np.array([np.nan if b is None else b for b in known])[q]
-    mixes = [cpu_kernel_kwargs(arch, qf.id) for qf in quants]
+    mixes = [kernel_kwargs(arch, qf.id) for qf in quants]
     kernel = {key: np.array([mix[key] for mix in mixes])[q] for key in mixes[0]}
     ctx = np.array(contexts, dtype=float)[None, None, :, None]
     bat = np.array(batches, dtype=float)[None, None, None, :]

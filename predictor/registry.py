@@ -115,6 +115,18 @@ _COEFFICIENTS: tuple[Coefficient, ...] = (
         kinds=('unified', 'cpu'),
     ),
     Coefficient(
+        name="decode_kquant_flops_per_weight",
+        unit="ops per weight",
+        meaning="llama.cpp on a discrete GPU: operations per weight its matrix-vector kernels spend unpacking the low-bit K-quants (Q2_K, Q3_K tensors: 2-3 bit values, sub-block scales) in a decode step, at the device's peak FLOPS",
+        defaults={
+            "llama.cpp": (0.0, _DEQUANT),
+            "vllm": (0.0, 'not used by vLLM'),
+        },
+        bounds=(0.0, 1000.0),
+        kinds=('gpu',),
+        engines=('llama.cpp',),
+    ),
+    Coefficient(
         name="decode_generic_flops_per_byte",
         unit="ops per quantized byte",
         meaning='llama.cpp on a CPU: operations more per quantized byte on its generic dot products (Q5_0, Q6_K, ...: neither repacked nor Q8_0), at the probed matmul rate',
@@ -327,7 +339,7 @@ REGISTRY: dict[str, Coefficient] = {c.name: c for c in _COEFFICIENTS}
 COEFFICIENT_NAMES: tuple[str, ...] = tuple(REGISTRY)
 # The fitted terms of each quantity, in the order of the fit's design columns (calibration.features).
 FIT_TERMS: dict[str, tuple[str, ...]] = {
-    "decode": ('decode_fixed_ms', 'decode_fixed_per_layer_us', 'decode_bw_efficiency', 'decode_kv_efficiency', 'decode_kv_reread', 'decode_dequant_flops_per_byte', 'decode_generic_flops_per_byte', 'host_bw_efficiency'),
+    "decode": ('decode_fixed_ms', 'decode_fixed_per_layer_us', 'decode_bw_efficiency', 'decode_kv_efficiency', 'decode_kv_reread', 'decode_dequant_flops_per_byte', 'decode_generic_flops_per_byte', 'decode_kquant_flops_per_weight', 'host_bw_efficiency'),
     "prefill": ('prefill_fixed_ms', 'decode_bw_efficiency', 'prefill_compute_efficiency', 'prefill_f16_efficiency', 'prefill_attn_efficiency', 'prefill_scores_efficiency', 'prefill_dequant_bytes_per_weight', 'prefill_unpack_flops_per_weight', 'prefill_generic_flops_per_weight', 'prefill_q8_flops_per_weight'),
     "memory": ('runtime_fixed_gib', 'compute_buffer_scale'),
 }

@@ -25,7 +25,7 @@ from predictor.errors import BenchcalError, non_negative, positive
 from predictor.memory import VLLM_MAX_BATCHED_TOKENS, VLLM_MAX_NUM_SEQS
 from predictor.models import resolve_model
 from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype, resolve_quant
-from predictor.weights import WEIGHTS_FROM_FILE, cpu_kernel_kwargs, format_bits, known_weights_bytes
+from predictor.weights import WEIGHTS_FROM_FILE, format_bits, kernel_kwargs, known_weights_bytes
 
 DEFAULT_CONTEXT = 8192
 DEFAULT_PROMPT_TOKENS = 4096  # like the public calculators' TTFT figure
@@ -202,6 +202,6 @@ def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | No
         "enforce_eager": s.enforce_eager,
         "max_batched_tokens": s.max_num_batched_tokens or VLLM_MAX_BATCHED_TOKENS,
         "max_num_seqs": s.max_num_seqs or VLLM_MAX_NUM_SEQS,
-        **cpu_kernel_kwargs(arch, q.id),
+        **kernel_kwargs(arch, q.id),
     }
     return ScenarioInputs(q, kv, exact, weights_source, kwargs)

@@ -3,7 +3,7 @@
 Decode: time per step = fixed + per-layer fixed * L + weight bytes / (eta_bw * BW)
 + KV bytes / (eta_kv * BW) + KV bytes * (reads - 1) * kv_reread / BW + quantized bytes * ops per byte / FLOPS
 (unified-memory GPUs and the CPU, whose ALUs unpack weights at a rate close to their bandwidth:
-``estimate.evaluate``), where the weights are the active ones (a batch of B sequences reads them once per step),
+``estimate.evaluate``) + on discrete GPUs, weights in low-bit K-quants (Q2_K, Q3_K) * ops per weight / FLOPS, where the weights are the active ones (a batch of B sequences reads them once per step),
 the KV bytes are the cache at the current context and ``reads`` the number of times the engine's attention reads
 each row (:func:`predictor.memory.attention_kv_read_factor`: the query heads of a group, for llama.cpp without
 flash attention), the re-reads costing less than the first read where the GPU's cache holds them. Layers offloaded to
@@ -81,6 +81,7 @@ def decode_step_seconds(
     tflops=None,
     kv_reread_bytes=0.0,
     generic_dequant_bytes=0.0,
+    kquant_weights=0.0,
 ):
     """Time of one decode step (one token for each sequence of the batch), seconds.
 
@@ -91,7 +92,9 @@ def decode_step_seconds(
     the device unpacks in the step, each costing ``decode_dequant_flops_per_byte`` operations at the
     device's peak ``tflops`` (no term where ``tflops`` is unknown); ``generic_dequant_bytes``: the part of them on
     llama.cpp's generic CPU dot products (quantized types it neither repacks nor are Q8_0: Q5_0, Q6_K, ...), each
-    costing ``decode_generic_flops_per_byte`` operations more. Tensor parallelism divides the
+    costing ``decode_generic_flops_per_byte`` operations more; ``kquant_weights``: weights in Q2_K / Q3_K tensors a
+    discrete GPU unpacks in the step, ``decode_kquant_flops_per_weight`` operations each at ``tflops``. Tensor
+    parallelism divides the
     device bytes over ``device_count`` devices; layer split (llama.cpp) does not.
     """
     n = np.asarray(device_count, float)
@@ -112,7 +115,8 @@ def decode_step_seconds(
         peak = np.asarray(tflops, float) * TFLOP
         with np.errstate(invalid="ignore", divide="ignore"):
             work = (np.asarray(dequant_bytes, float) * coeffs["decode_dequant_flops_per_byte"]
-                    + np.asarray(generic_dequant_bytes, float) * coeffs["decode_generic_flops_per_byte"])
+                    + np.asarray(generic_dequant_bytes, float) * coeffs["decode_generic_flops_per_byte"]
+                    + np.asarray(kquant_weights, float) * coeffs["decode_kquant_flops_per_weight"])
             t_dequant = np.where(np.isfinite(peak) & (peak > 0), work / split / np.where(peak > 0, peak, 1.0), 0.0)
     return t_fixed + t_device + t_host + t_comm + t_dequant
 

@@ -99,25 +99,30 @@ class CpuKernelMix:
         return max(0.0, 1.0 - self.repacked_weights - self.float_weights - self.q8_weights)
 
 
+def _layer_matrices(arch: ModelArch, quant_id: str) -> list | None:
+    """The layer matrices of llama-quantize's plan of ``arch`` in ``quant_id`` (norms and biases are vectors; a MoE
+    router is a small F32 matrix it keeps), or None where the layout is not planned."""
+    spec = layout_spec(arch)
+    if spec is None:
+        return None
+    try:
+        plan = tensor_plan(spec, quant_id)
+    except BenchcalError:
+        return None
+    return [t for t in plan if t.name.startswith("blk.") and len(t.shape) >= 2 and "ffn_gate_inp" not in t.name]
+
+
 @lru_cache(maxsize=256)
 def cpu_kernel_mix(arch: ModelArch, quant_id: str) -> CpuKernelMix:
     """The CPU kernel mix of ``arch`` in ``quant_id``: from the tensor types llama-quantize gives each layer
     matrix where the layout is planned (``predictor.gguf_layout``), else from the format as a whole."""
-    spec = layout_spec(arch)
-    plan = None
-    if spec is not None:
-        try:
-            plan = tensor_plan(spec, quant_id)
-        except BenchcalError:
-            plan = None
-    if plan is None:
+    layers = _layer_matrices(arch, quant_id)
+    if layers is None:
         repacked = quant_id in mem.CPU_REPACKED_QUANTS
         floating = quant_id in _UNQUANTIZED
         q8 = quant_id in CPU_Q8_TYPES
         generic = float(not (repacked or floating or q8))
         return CpuKernelMix(float(repacked), float(repacked), float(floating), float(q8), generic)
-    # the layer matrices (norms and biases are vectors; a MoE router is a small F32 matrix llama-quantize keeps)
-    layers = [t for t in plan if t.name.startswith("blk.") and len(t.shape) >= 2 and "ffn_gate_inp" not in t.name]
     total_bytes = sum(t.nbytes for t in layers) or 1
     total_values = sum(t.n_values for t in layers) or 1
     repacked = [t for t in layers if t.ggml_type in CPU_REPACKED_TYPES]
@@ -130,9 +135,28 @@ def cpu_kernel_mix(arch: ModelArch, quant_id: str) -> CpuKernelMix:
                         sum(t.nbytes for t in generic) / total_bytes)
 
 
-def cpu_kernel_kwargs(arch: ModelArch, quant_id: str) -> dict[str, float]:
-    """``predictor.estimate.evaluate``'s CPU kernel-mix arguments for a model in a format (:func:`cpu_kernel_mix`)."""
+# llama.cpp's K-quant types below 4 bits (ggml-common.h: block_q2_K, block_q3_K): 2- and 3-bit values in 16-value
+# sub-blocks with 4- or 6-bit scales, and Q3_K's high bits in a separate mask, which its matrix-vector kernels
+# unpack for every weight of a decode step. The files llama-quantize writes as Q2_K and Q3_K_S/M/L hold mostly these.
+LOW_BIT_KQUANT_TYPES = frozenset({"Q2_K", "Q3_K"})
+_LOW_BIT_KQUANT_FILES = frozenset({"Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L"})
+
+
+@lru_cache(maxsize=256)
+def low_bit_kquant_share(arch: ModelArch, quant_id: str) -> float:
+    """Share of the layer matrices' weights in Q2_K or Q3_K tensors: from llama-quantize's tensor types where the
+    layout is planned, else 1 for a Q2_K or Q3_K_* file and 0 for any other."""
+    layers = _layer_matrices(arch, quant_id)
+    if layers is None:
+        return float(quant_id in _LOW_BIT_KQUANT_FILES)
+    total = sum(t.n_values for t in layers) or 1
+    return sum(t.n_values for t in layers if t.ggml_type in LOW_BIT_KQUANT_TYPES) / total
+
+
+def kernel_kwargs(arch: ModelArch, quant_id: str) -> dict[str, float]:
+    """``predictor.estimate.evaluate``'s kernel-mix arguments for a model in a format: the CPU's
+    (:func:`cpu_kernel_mix`) and the share of low-bit K-quant weights (:func:`low_bit_kquant_share`)."""
     mix = cpu_kernel_mix(arch, quant_id)
     return {"cpu_repack": mix.repacked_bytes, "cpu_repack_weights": mix.repacked_weights,
             "cpu_float_weights": mix.float_weights, "cpu_q8_weights": mix.q8_weights,
-            "cpu_generic_bytes": mix.generic_bytes}
+            "cpu_generic_bytes": mix.generic_bytes, "kquant_low_weights": low_bit_kquant_share(arch, quant_id)}

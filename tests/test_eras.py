@@ -86,6 +86,20 @@ def test_an_era_overlay_replaces_era_terms_fitted_on_other_builds_only():
     assert table.newest_era("llama.cpp", "gpu") == "2025" and table.newest_era("llama.cpp", "cpu") is None
 
 
+def test_gpus_that_never_run_cuda_graphs_take_no_era_overlay():
+    from predictor.devices import resolve_device
+    from predictor.eras import era_applies, no_era_architectures
+
+    assert {"volta", "turing"} <= no_era_architectures("llama.cpp") and not no_era_architectures("vllm")
+    assert not era_applies("llama.cpp", resolve_device("v100-pcie-16gb"))
+    assert era_applies("llama.cpp", resolve_device("rtx-3090")) and era_applies("llama.cpp", None)
+    table = Coefficients(TABLE)
+    v100 = table.lookup("llama.cpp", "other", "x", "2025", "gpu", resolve_device("v100-pcie-16gb"))
+    assert v100["decode_fixed_per_layer_us"] == 115.0 and v100.era is None  # the pooled value, no overlay
+    assert table.lookup("llama.cpp", "other", "x", "2025", "gpu",
+                        resolve_device("rtx-3090"))["decode_fixed_per_layer_us"] == 30.0
+
+
 def test_predict_says_which_era_it_used(tmp_path):
     table = Coefficients(TABLE)
     newest = predict("llama-3-8b", "rtx-4090", "Q4_K_M", 4096, coefficients=table, launch=False)

@@ -43,7 +43,7 @@ def test_the_shipped_prior_separates_hbm_from_gddr_and_states_its_band(shipped):
     entry = shipped.table["engines"]["llama.cpp"]["physics"]["kinds"]["gpu"]
     classes = entry["decode_bw_efficiency"]["by_memory_class"]
     assert classes["hbm"]["value"] < classes["gddr"]["value"]
-    assert set(classes["hbm"]["devices"]) <= {"a100-pcie-80gb", "a100-sxm-80gb", "h100-pcie"}
+    assert set(classes["hbm"]["devices"]) <= {"a100-pcie-80gb", "a100-sxm-80gb", "h100-pcie", "v100-pcie-16gb"}
     assert entry["prefill_compute_efficiency"]["log_slope"] <= 0
     assert entry["error_band"]["decode"] > 0 and "LOFO" in entry["error_band_source"]
 
