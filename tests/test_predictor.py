@@ -337,3 +337,27 @@ def test_a_gguf_model_uses_the_exact_sum_of_its_tensor_bytes(tmp_path):
     assert est.values["weights_total_bytes"] == arch.weights_bytes_exact
     assert est.to_dict()["memory"]["weights_exact"] is True
     assert arch.weights_bytes_exact == totals["bytes"]
+
+
+def test_low_bit_k_quants_cost_unpacking_work_on_a_discrete_gpu():
+    from predictor.coefficients import Coefficients
+    from predictor.estimate import Scenario, predict_scenario
+    from predictor.models import resolve_model
+    from predictor.weights import low_bit_kquant_share
+
+    llama = resolve_model("llama-3.1-8b")
+    assert low_bit_kquant_share(llama, "Q4_K_M") == 0.0 and low_bit_kquant_share(llama, "F16") == 0.0
+    assert 0.9 < low_bit_kquant_share(llama, "Q2_K") <= 1.0  # llama-quantize keeps some tensors wider
+    assert 0.5 < low_bit_kquant_share(llama, "Q3_K_M") < 0.8  # Q3_K_M: attn_v / ffn_down in Q4_K / Q5_K
+    assert low_bit_kquant_share(resolve_model("pythia-2.8b"), "Q2_K") == 1.0  # no plan: the format as a whole
+
+    def decode(quant, term, gpu="rtx-4090"):
+        table = Coefficients({"schema_version": 1, "engines": {"llama.cpp": {"default": {
+            "decode_kquant_flops_per_weight": {"value": term, "identified": True}}}}})
+        return predict_scenario(Scenario(llama, gpu, quant=quant, prompt_tokens=512), table).values["decode_step_s"]
+
+    extra = decode("Q2_K", 60.0) - decode("Q2_K", 0.0)
+    params = llama.params_active
+    assert extra == pytest.approx(params * low_bit_kquant_share(llama, "Q2_K") * 60.0 / 330e12, rel=0.2)
+    assert decode("Q4_K_M", 60.0) == decode("Q4_K_M", 0.0)  # only the low-bit K-quants
+    assert decode("Q2_K", 60.0, "mac-studio-m2-ultra-192gb") == decode("Q2_K", 0.0, "mac-studio-m2-ultra-192gb")
