@@ -44,15 +44,15 @@ def sweep_scenario(
     with_max_context: bool = True,
 ) -> dict[str, np.ndarray]:
     """:func:`sweep` over the axes (devices, quants, contexts, batches), every other input from ``base``: its model,
-    engine, KV dtype, device count, prompt, flash attention, micro-batch and host bandwidth (its own device, quant,
-    context and batch are the axes')."""
+    engine, KV dtype, device count, prompt, flash attention, micro-batch, offload and host bandwidth (its own
+    device, quant, context and batch are the axes')."""
     engine = normalize_engine(base.engine)
     kv = resolve_kv_dtype(base.kv_dtype or traits(engine).default_kv_dtype, engine)
     return sweep(scenario_arch(base), engine, devices, quants, contexts, batches, table=table,
                  kv_bytes_per_element=kv.bytes_per_element, device_count=base.device_count,
                  prompt_tokens=base.prompt_tokens, flash_attn=base.flash_attn, n_ubatch=base.n_ubatch,
                  host_bandwidth_gbs=base.host_bandwidth_gbs or DEFAULT_HOST_BANDWIDTH_GBS,
-                 with_max_context=with_max_context)
+                 offload_fraction=base.offload_fraction, with_max_context=with_max_context)
 
 
 def sweep(
@@ -70,6 +70,7 @@ def sweep(
     flash_attn: bool = True,
     n_ubatch: int = 512,
     host_bandwidth_gbs: float = DEFAULT_HOST_BANDWIDTH_GBS,
+    offload_fraction: float = 0.0,
     with_max_context: bool = True,
 ) -> dict[str, np.ndarray]:
     """Evaluate every (device, quant, context, batch) cell; arrays of shape (D, Q, C, B).
@@ -102,7 +103,7 @@ def sweep(
         kv_bytes_per_element=kv_bytes_per_element, context=ctx, batch=bat,
         prompt_tokens=np.minimum(prompt_tokens, ctx), device_count=device_count,
         flash_attn=flash_attn, n_ubatch=n_ubatch, host_bandwidth_gbs=host_bandwidth_gbs,
-        with_max_context=with_max_context, **kernel,
+        offload_fraction=offload_fraction, with_max_context=with_max_context, **kernel,
     )
     shape = (D, len(quants), len(contexts), len(batches))
     return {k: np.broadcast_to(v, shape) for k, v in out.items()}

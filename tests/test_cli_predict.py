@@ -195,3 +195,20 @@ def test_the_matrix_decodes_each_cell_at_its_own_context(capsys):
         short, long = row["cells"]
         if short["decode_tok_s"] and long["decode_tok_s"]:
             assert long["decode_tok_s"] < short["decode_tok_s"], row["quant"]  # more KV read per token at 32K
+
+
+def test_leaderboard_offload_rows_carry_the_speed_predict_gives(capsys):
+    from benchcal.cli import main
+
+    assert main(["leaderboard", "--model", "qwen2.5-72b", "--quant", "Q4_K_M", "--ctx", "8192", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    row = next(r for r in rows if r["device"] == "rtx-4090")
+    assert row["status"] == "needs offload" and row["decode_tok_s"] is None
+    assert main(["predict", "--model", "qwen2.5-72b", "--gpu", "rtx-4090", "--quant", "Q4_K_M", "--ctx", "8192",
+                 "--prompt", "4096", "--format", "json"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert row["offload"]["gpu_layers"] == est["fit"]["max_gpu_layers"]
+    assert row["offload"]["decode_tok_s"] == pytest.approx(est["throughput"]["decode_tok_s"], rel=0.01)
+    assert row["offload"]["ttft_s"] * 1000 == pytest.approx(est["throughput"]["ttft_ms"], rel=0.01)
+    offloaded = [r["offload"]["decode_tok_s"] for r in rows if r["status"] == "needs offload"]
+    assert offloaded == sorted(offloaded, reverse=True)  # ordered by the speed that runs

@@ -6,7 +6,8 @@ Each builder returns a :class:`benchcal.reports.render.Report`; ``render`` forma
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -181,13 +182,18 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
     require_bits(q, known_weights_bytes(arch, q, engine)[0])
     base = Scenario(arch, engine=engine, kv_dtype=kv.id, prompt_tokens=prompt_tokens)
     r = sweep_scenario(base, devs, [q], [context], [batch], table=table)
-    order = np.lexsort((-r["decode_tok_s"][:, 0, 0, 0], r["verdict"][:, 0, 0, 0]))
+    verdicts = r["verdict"][:, 0, 0, 0]
+    offloads = {i: _offload_speed(base, devs[i], q, context, batch, table, {k: float(a[i, 0, 0, 0]) for k, a in r.items()})
+                for i in range(len(devs)) if VERDICTS[int(verdicts[i])] == "needs offload"}
+    speed = np.array([((offloads.get(i) or {}).get("decode_tok_s") or 0.0) if i in offloads
+                      else r["decode_tok_s"][i, 0, 0, 0] for i in range(len(devs))], dtype=float)
+    order = np.lexsort((-np.nan_to_num(speed, nan=-1.0), verdicts))  # by verdict, then by the speed that runs
     rows, data_rows = [], []
     for i in order:
         v = {k: float(a[i, 0, 0, 0]) for k, a in r.items()}
-        ok = v["verdict"] <= 2
         status = VERDICTS[int(v["verdict"])]
         runs = v["verdict"] <= 1
+        offload = offloads.get(i)
         data_rows.append({
             "device": devs[i].id, "name": devs[i].name, "status": status,
             "total_gib": _finite(v["total_bytes"] / GIB, 3), "usable_gib": _finite(v["usable_bytes"] / GIB, 3),
@@ -195,11 +201,14 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
             "ttft_s": _finite(v["ttft_s"], 4) if runs else None,
             "max_context": int(v["max_context"]) if v["max_context"] > 0 else None,
             "price_usd": devs[i].price_usd, "cloud_usd_per_hour": devs[i].cloud_usd_per_hour,
+            "offload": offload,
         })
         rows.append([
             devs[i].name, status, f"{_gib(v['total_bytes']):.1f} / {_gib(v['usable_bytes']):.1f}",
-            _rounded(v["decode_tok_s"], 1) if runs else ("offload" if ok else "—"),
-            _rounded(v["ttft_s"], 2) if runs else "—",
+            _rounded(v["decode_tok_s"], 1) if runs else (
+                f"{_rounded(offload['decode_tok_s'], 1)} (offload)" if offload and offload["decode_tok_s"] else "—"),
+            _rounded(v["ttft_s"], 2) if runs else (
+                f"{_rounded(offload['ttft_s'], 2)} (offload)" if offload and offload["ttft_s"] else "—"),
             _ctx_label(int(v["max_context"])) if v["max_context"] > 0 else "—",
             f"${devs[i].price_usd:,.0f}" if devs[i].price_usd else "—",
         ])
@@ -228,6 +237,21 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
         rep.add(f"Launch commands (fastest that fits: {best.name})", "code",
                 [[est.launch[k]] for k in ("llama_cpp", "vllm", "ollama") if est.launch.get(k)])
     return rep
+
+
+def _offload_speed(base: Scenario, device: Device, quant: QuantFormat, context: int, batch: int,
+                   table: Coefficients | None, values: Mapping[str, float]) -> dict[str, Any] | None:
+    """What a configuration that needs offload runs at (as ``predict`` gives it): the most layers that fit on the
+    device (``gpu_layers``), the rest and their KV in host RAM, decode and TTFT there."""
+    layers = base.model.num_layers if isinstance(base.model, ModelArch) else None
+    if not layers or not np.isfinite(values.get("max_gpu_layers", np.nan)):
+        return None
+    on_gpu = int(min(values["max_gpu_layers"], layers))
+    r = sweep_scenario(base.replace(offload_fraction=1.0 - on_gpu / layers), [device], [quant], [context], [batch],
+                       table=table, with_max_context=False)
+    decode, ttft = float(r["decode_tok_s"][0, 0, 0, 0]), float(r["ttft_s"][0, 0, 0, 0])
+    return {"gpu_layers": on_gpu, "layers": layers, "offload_fraction": round(1.0 - on_gpu / layers, 4),
+            "decode_tok_s": _finite(decode, 2), "ttft_s": _finite(ttft, 4)}
 
 
 def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *, contexts: Sequence[int] | None = None,
