@@ -1,6 +1,8 @@
 """Weight quantization formats and KV-cache dtypes, with the engines that run each.
 
-Loaded from ``predictor/data/quants.json``. Sizes: ``bits_per_weight`` is the average number of
+Loaded from ``predictor/data/quants.json``. ``quality``, where measured: the format's perplexity against F16's on
+one model, with its source (llama.cpp's CI: OpenLLaMA 7B v2 on wikitext-2), and :func:`quality_tier` its band.
+Sizes: ``bits_per_weight`` is the average number of
 bits a real file spends per weight, block scales included; ``bytes_per_element`` is the storage of
 one cached K or V value, block scales included (q8_0: 34 bytes per 32 values).
 """
@@ -8,9 +10,11 @@ one cached K or V value, block scales included (q8_0: 34 bytes per 32 values).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from predictor.engines import ENGINES
 from predictor.errors import BenchcalError, suggest
@@ -35,6 +39,15 @@ class QuantFormat:
     source: str
     description: str
     aliases: tuple[str, ...] = ()
+    quality: Mapping[str, Any] | None = None  # measured perplexity against F16 on one model, with its source
+
+    @property
+    def perplexity_increase_pct(self) -> float | None:
+        """How much higher the format's perplexity was than F16's, in percent, where ``quality`` says."""
+        q = self.quality
+        if not q:
+            return None
+        return round((float(q["perplexity"]) / float(q["f16_perplexity"]) - 1.0) * 100.0, 2)
 
     def weight_bits(self, is_expert: bool = False) -> float | None:
         """Bits per weight for one tensor: MoE-only formats keep non-expert tensors at their own width."""
@@ -77,6 +90,7 @@ def _data() -> tuple[tuple[QuantFormat, ...], tuple[KvDtype, ...]]:
             bits_per_weight_non_expert=r["bits_per_weight_non_expert"], engines=tuple(r["engines"]),
             gguf_type=r["gguf_type"], llama_ftype=r["llama_ftype"], compute_bits=int(r["compute_bits"]),
             source=r["source"], description=r["description"], aliases=tuple(r.get("aliases", ())),
+            quality=r.get("quality"),
         )
         for r in raw["formats"]
     )
@@ -97,6 +111,18 @@ def _check_unique(what: str, entries: list[tuple[str, tuple[str, ...]]]) -> None
             other = seen.setdefault(_key(name), owner)
             if other != owner:
                 raise ValueError(f"quants.json: {what} name {name!r} matches both {other!r} and {owner!r}")
+
+
+# Quality tiers of a format's perplexity increase over F16 (benchcal's own bands, applied to the figure
+# ``quality`` cites): under 0.5% is within the measurement's noise on 8K tokens.
+QUALITY_TIERS = ((0.5, "near-lossless"), (2.0, "good"), (5.0, "fair"), (float("inf"), "poor"))
+
+
+def quality_tier(increase_pct: float | None) -> str | None:
+    """The tier of a perplexity increase in percent (:data:`QUALITY_TIERS`); None when not measured."""
+    if increase_pct is None:
+        return None
+    return next(label for bound, label in QUALITY_TIERS if increase_pct < bound)
 
 
 def normalize_engine(engine: str) -> str:

@@ -149,3 +149,35 @@ def test_kv_dtype_aliases_resolve(name, dtype_id):
 def test_unknown_kv_dtype_suggests_close_names():
     with pytest.raises(BenchcalError, match=r"unknown KV cache dtype 'q8' \(did you mean:"):
         resolve_kv_dtype("q8")
+
+
+def test_quality_figures_are_the_perplexities_the_cited_ci_logs_print():
+    import re
+    from pathlib import Path
+
+    from predictor.quants import quality_tier, quant_formats
+
+    folder = Path(__file__).parent / "data" / "imported" / "ggml-ci" / "v100-open-llama-7b-v2-b2755"
+    measured = [qf for qf in quant_formats() if qf.quality]
+    assert {qf.id for qf in measured} >= {"F16", "Q8_0", "Q4_K_M", "Q2_K"}
+    for qf in measured:
+        name = qf.quality["source"].rsplit("-tg-", 1)[1]
+        text = (folder / name).read_text()
+        ppl = float(re.search(r"Final estimate: PPL = ([0-9.]+)", text).group(1))
+        assert qf.quality["perplexity"] == ppl, qf.id
+    by_id = {qf.id: qf for qf in measured}
+    assert by_id["F16"].perplexity_increase_pct == 0.0
+    assert quality_tier(by_id["Q8_0"].perplexity_increase_pct) == "near-lossless"
+    assert quality_tier(by_id["Q4_K_M"].perplexity_increase_pct) == "good"
+    assert quality_tier(by_id["Q2_K"].perplexity_increase_pct) == "poor" and quality_tier(None) is None
+
+
+def test_the_matrix_shows_each_formats_quality_with_its_source(capsys):
+    import json
+
+    from benchcal.cli import main
+
+    assert main(["matrix", "--model", "qwen2.5-7b", "--gpu", "rtx-4090", "--contexts", "8192", "--format", "json"]) == 0
+    rows = {r["quant"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["Q4_K_M"]["quality"]["tier"] == "good" and rows["Q4_K_M"]["quality"]["source"].startswith("https://")
+    assert rows["IQ4_XS"]["quality"] is None  # not measured: said, not guessed

@@ -20,7 +20,7 @@ from predictor.engines import traits
 from predictor.estimate import GIB, VERDICTS, Estimate, predict
 from predictor.grid import sweep_scenario
 from predictor.load import max_concurrency
-from predictor.quants import QuantFormat, quant_formats, resolve_kv_dtype, resolve_quant
+from predictor.quants import QuantFormat, quality_tier, quant_formats, resolve_kv_dtype, resolve_quant
 from predictor.registry import REGISTRY
 from predictor.scenario import Scenario
 from predictor.weights import (
@@ -271,7 +271,9 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
     for j, qf in enumerate(quants):
         weights = float(r["weights_total_bytes"][0, j, 0, 0])
         bits = weights_bits_per_weight(arch, qf, weights, known[qf.id][1])
-        row = [qf.id, bits, _gib(weights)]
+        increase = qf.perplexity_increase_pct
+        tier = quality_tier(increase)
+        row = [qf.id, bits, _gib(weights), f"{tier} (+{increase:.1f}% PPL)" if tier else "not measured"]
         cells = []
         for k in range(len(ctxs)):
             v = {name: float(a[0, j, k, 0]) for name, a in r.items()}
@@ -282,6 +284,9 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
                           "decode_tok_s": _finite(v["decode_tok_s"], 2) if v["verdict"] <= 1 else None})
         rows.append(row)
         data_rows.append({"quant": qf.id, "bits_per_weight": bits, "weights_gib": _finite(weights / GIB, 3),
+                          "quality": None if tier is None else {
+                              "tier": tier, "perplexity_increase_pct": increase,
+                              "measured_on": qf.quality["measured_on"], "source": qf.quality["source"]},
                           "cells": cells})
     usable = _gib(r["usable_bytes"][0, 0, 0, 0])
     rep = Report(
@@ -291,7 +296,14 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
         data={"model": arch.id, "gpu": device.id, "engine": engine, "usable_gib": usable,
               "contexts": ctxs, "rows": data_rows},
     )
-    rep.add("Matrix", "table", rows, ["Quant", "Bits/weight", "Weights GiB", *[_ctx_label(c) for c in ctxs]])
+    rep.add("Matrix", "table", rows, ["Quant", "Bits/weight", "Weights GiB", "Quality",
+                                      *[_ctx_label(c) for c in ctxs]])
+    measured = next((qf.quality for qf in quants if qf.quality), None)
+    if measured:
+        rep.sections[-1].note = (
+            f"Quality: perplexity against F16 measured on {measured['measured_on']} (each format's figure has its "
+            "source in predictor/data/quants.json); tiers: under 0.5% near-lossless, under 2% good, under 5% fair, "
+            "else poor. A larger model loses less to the same format; a format not measured there says so.")
     # Launch commands for the widest format that fits at the first context.
     fitting = [j for j in range(len(quants)) if r["verdict"][0, j, 0, 0] <= 1]
     if fitting:
