@@ -181,3 +181,8 @@ def test_the_matrix_shows_each_formats_quality_with_its_source(capsys):
     rows = {r["quant"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert rows["Q4_K_M"]["quality"]["tier"] == "good" and rows["Q4_K_M"]["quality"]["source"].startswith("https://")
     assert rows["IQ4_XS"]["quality"] is None  # not measured: said, not guessed
+    pick = rows["Q4_K_M"]["cheapest_device"]
+    assert pick["price_usd"] > 0 and pick["context"] == 8192
+    from predictor.estimate import Scenario, predict_scenario
+    assert predict_scenario(Scenario("qwen2.5-7b", pick["device"], quant="Q4_K_M", context=8192)).verdict in (
+        "fits", "tight")

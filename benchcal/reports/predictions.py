@@ -239,6 +239,22 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
     return rep
 
 
+def _cheapest_fitting(arch: ModelArch, engine: str, kv_dtype: str, quants: Sequence[QuantFormat], context: int,
+                      table: Coefficients | None) -> list[Device | None]:
+    """Per format, the single catalogue device (a GPU or a unified-memory machine) with the lowest purchase price on
+    which it fits (or is tight) at ``context``; None where no priced device holds it."""
+    devs = [d for d in load_devices() if engine in d.engines and d.kind != "cpu" and d.price_usd]
+    if not devs:
+        return [None] * len(quants)
+    r = sweep_scenario(Scenario(arch, engine=engine, kv_dtype=kv_dtype, prompt_tokens=context), devs, list(quants),
+                       [context], [1], table=table, with_max_context=False)
+    out: list[Device | None] = []
+    for j in range(len(quants)):
+        fits = [i for i in range(len(devs)) if r["verdict"][i, j, 0, 0] <= 1]
+        out.append(min((devs[i] for i in fits), key=lambda d: d.price_usd) if fits else None)
+    return out
+
+
 def _offload_speed(base: Scenario, device: Device, quant: QuantFormat, context: int, batch: int,
                    table: Coefficients | None, values: Mapping[str, float]) -> dict[str, Any] | None:
     """What a configuration that needs offload runs at (as ``predict`` gives it): the most layers that fit on the
@@ -267,6 +283,7 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
     # decode in each cell at its own full context (the KV read grows with it), not at one fixed prompt
     r = sweep_scenario(Scenario(arch, engine=engine, kv_dtype=kv.id, device_count=device_count,
                                 prompt_tokens=max(ctxs)), [device], quants, ctxs, [1], table=table)
+    cheapest = _cheapest_fitting(arch, engine, kv.id, quants, max(ctxs), table)
     rows, data_rows = [], []
     for j, qf in enumerate(quants):
         weights = float(r["weights_total_bytes"][0, j, 0, 0])
@@ -282,8 +299,13 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
             cells.append({"context": int(ctxs[k]), "total_gib": _finite(v["total_bytes"] / GIB, 3),
                           "kv_cache_gib": _finite(v["kv_cache_bytes"] / GIB, 3), "verdict": VERDICTS[int(v["verdict"])],
                           "decode_tok_s": _finite(v["decode_tok_s"], 2) if v["verdict"] <= 1 else None})
+        pick = cheapest[j]
+        row.append(f"{pick.name} (${pick.price_usd:,.0f})" if pick else "none priced fits")
         rows.append(row)
         data_rows.append({"quant": qf.id, "bits_per_weight": bits, "weights_gib": _finite(weights / GIB, 3),
+                          "cheapest_device": None if pick is None else {"device": pick.id, "name": pick.name,
+                                                                     "price_usd": pick.price_usd,
+                                                                     "context": int(max(ctxs))},
                           "quality": None if tier is None else {
                               "tier": tier, "perplexity_increase_pct": increase,
                               "measured_on": qf.quality["measured_on"], "source": qf.quality["source"]},
@@ -297,7 +319,7 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
               "contexts": ctxs, "rows": data_rows},
     )
     rep.add("Matrix", "table", rows, ["Quant", "Bits/weight", "Weights GiB", "Quality",
-                                      *[_ctx_label(c) for c in ctxs]])
+                                      *[_ctx_label(c) for c in ctxs], f"Cheapest device at {_ctx_label(max(ctxs))}"])
     measured = next((qf.quality for qf in quants if qf.quality), None)
     if measured:
         rep.sections[-1].note = (
