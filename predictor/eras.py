@@ -145,11 +145,16 @@ def era_by_id(engine: str, era_id: str) -> Era | None:
 
 
 def era_description(engine: str, kind: str, era: str | None, build: str | int | None,
-                    cset: Any, overlay: bool = False) -> dict[str, Any]:
+                    cset: Any, overlay: bool = False, device: Any = None) -> dict[str, Any]:
     """Which engine build era a prediction used (``cset``: its CoefficientSet; ``overlay``: the table has era values
-    for ``era`` on ``kind`` devices): ``{id, label, build, applied, note}``."""
+    for ``era`` on ``kind`` devices; ``device``: the catalogue device, whose architecture may take no era):
+    ``{id, label, build, applied, note}``."""
     found = era_by_id(engine, era) if era else None
-    if cset.era:
+    if era and overlay and device is not None and not era_applies(engine, device):
+        note = (f"era {era} ({found.label if found else ''}): not applied to a {device.architecture} GPU, "
+                "which runs no CUDA graphs in any build (llama.cpp disables them below compute capability 8.0); "
+                f"the {cset.scope} scope's values stand")
+    elif cset.era:
         terms = sorted(k for k, v in cset.origin.items() if v.startswith("era:"))
         note = f"era {cset.era} ({found.label if found else ''}): {', '.join(terms)} fitted on that era's {kind} runs"
     elif era and overlay:

@@ -355,7 +355,8 @@ def predict_scenario(
         device_count=int(device_count), prompt_tokens=int(prompt_tokens), offload_fraction=float(offload_fraction),
         flash_attn=bool(flash_attn), n_ubatch=int(n_ubatch), coefficients=cset, values=scalars,
         weights_source=inputs.weights_source, host_bandwidth_gbs=host_bw, throughput_offload_fraction=throughput_offload,
-        era=era_description(eng, dev.kind, era, engine_build, cset, overlay=bool(table.era_overlay(eng, era, dev.kind))),
+        era=era_description(eng, dev.kind, era, engine_build, cset, overlay=bool(table.era_overlay(eng, era, dev.kind)),
+                            device=dev),
     )
     est.serving = kv_pool(est, s.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION, s.max_num_seqs)
     if launch:

@@ -98,6 +98,10 @@ def test_gpus_that_never_run_cuda_graphs_take_no_era_overlay():
     assert v100["decode_fixed_per_layer_us"] == 115.0 and v100.era is None  # the pooled value, no overlay
     assert table.lookup("llama.cpp", "other", "x", "2025", "gpu",
                         resolve_device("rtx-3090"))["decode_fixed_per_layer_us"] == 30.0
+    from predictor.eras import era_description
+
+    note = era_description("llama.cpp", "gpu", "2025", None, v100, overlay=True, device=resolve_device("v100-pcie-16gb"))
+    assert not note["applied"] and "runs no CUDA graphs" in note["note"]
 
 
 def test_predict_says_which_era_it_used(tmp_path):
