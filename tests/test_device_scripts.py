@@ -193,6 +193,12 @@ def _dry_run(out: Path, work: Path, **env: str) -> subprocess.CompletedProcess:
         "DEVICE_BUDGET_S": "200", **env})
 
 
+def _seed_host_probe(dry_run_work: Path, work: Path) -> None:
+    """The dry run's host-probe figures, copied into another run's cache: the probe (a minute on 2 busy cores)
+    describes this host, not the run, so a second dry run need not measure it again."""
+    shutil.copytree(dry_run_work / "cache" / "hostbench", work / "cache" / "hostbench")
+
+
 def _records(runs_tarball: Path) -> list[dict]:
     with tarfile.open(runs_tarball) as archive:
         return [json.load(archive.extractfile(m)) for m in archive.getmembers() if m.name.endswith(".json")]
@@ -244,7 +250,8 @@ def test_dry_run_plans_the_h200_sweep_one_model_at_a_time(dry_run):
 
 @pytest.mark.engine
 def test_dry_run_resumes_without_measuring_again(dry_run, tmp_path):
-    out, _ = dry_run
+    out, work = dry_run
+    _seed_host_probe(work, tmp_path / "work")
     result = _dry_run(tmp_path / "out", tmp_path / "work", DEVICE_RESUME_RUNS=str(out / "runs.tar.gz"))
     assert result.returncode == 0, result.stderr[-3000:]
     log = (tmp_path / "out" / "device_calibrate.log").read_text()
@@ -255,7 +262,8 @@ def test_dry_run_resumes_without_measuring_again(dry_run, tmp_path):
 
 @pytest.mark.engine
 @pytest.mark.skipif(not HAS_LLAMA, reason="needs llama-cpp-python, gguf and zstd")
-def test_dry_run_without_llama_libraries_turns_to_the_fallback(tmp_path):
+def test_dry_run_without_llama_libraries_turns_to_the_fallback(dry_run, tmp_path):
+    _seed_host_probe(dry_run[1], tmp_path / "work")
     result = _dry_run(tmp_path / "out", tmp_path / "work", LLAMA_CUDA_TARBALL=str(tmp_path / "missing.tar.zst"),
                       DEVICE_FALLBACK_MODELS="qwen2.5-0.5b")
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
