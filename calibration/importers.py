@@ -21,7 +21,7 @@ import hashlib
 import io
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -208,11 +208,15 @@ def _summary(row: dict[str, Any], repetitions: int) -> dict[str, Any]:
     samples = row.get("samples_ts")
     if isinstance(samples, list) and samples:
         return records.summarize(float(s) for s in samples)
-    mean = float(row["avg_ts"])
     std = row.get("stddev_ts")
-    return {"samples": [], "median": mean, "mean": mean, "stddev": float(std) if std not in (None, "") else None,
-            "p10": None, "p90": None, "n": int(repetitions),
-            "statistic": "llama-bench reports the mean and stddev only; median is the mean"}
+    return mean_summary(float(row["avg_ts"]), float(std) if std not in (None, "") else None, int(repetitions),
+                        "llama-bench reports the mean and stddev only; median is the mean")
+
+
+def mean_summary(mean: float, stddev: float | None, n: int, statistic: str) -> dict[str, Any]:
+    """A record summary from a tool that reports a mean (and maybe its spread) but not its samples."""
+    return {"samples": [], "median": mean, "mean": mean, "stddev": stddev, "p10": None, "p90": None, "n": n,
+            "statistic": statistic}
 
 
 def llama_bench_record(row: dict[str, Any], *, model: str, device: str, file_name: str, file_format: str,
@@ -277,11 +281,16 @@ def _engine_version(number: Any, commit: Any) -> str | None:
 
 def _device_id(gpu: str | None, rows: list[dict[str, Any]]) -> str:
     """The catalogue id of the GPU: the --gpu flag, else the file's gpu_info / CUDA device line."""
-    names = {str(r.get("gpu_info")).split(",")[0].strip() for r in rows if r.get("gpu_info")}
-    name = gpu or (names.pop() if len(names) == 1 else None)
+    return device_from_names(gpu, (str(r.get("gpu_info")).split(",")[0].strip() for r in rows if r.get("gpu_info")))
+
+
+def device_from_names(gpu: str | None, names: Iterable[str], source: str = "the file") -> str:
+    """The catalogue id of the device: the --gpu flag, else the one device name ``source`` gives."""
+    found_names = set(names)
+    name = gpu or (found_names.pop() if len(found_names) == 1 else None)
     if not name:
-        found = ", ".join(sorted(names)) or "none"
-        raise BenchcalError(f"cannot tell the GPU from the file (found: {found}); pass --gpu")
+        found = ", ".join(sorted(found_names)) or "none"
+        raise BenchcalError(f"cannot tell the GPU from {source} (found: {found}); pass --gpu")
     if name.strip().lower() == "cpu":
         return "cpu"
     return resolve_device(name).id

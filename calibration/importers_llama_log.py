@@ -29,12 +29,13 @@ from calibration.importers import (
     _DEVICE,
     _engine_version,
     _quantized_matmul,
+    device_from_names,
+    mean_summary,
     quant_from_model_type,
     read_result_file,
     store_new_records,
 )
 from harness import records
-from predictor.devices import resolve_device
 from predictor.errors import BenchcalError
 from predictor.models import resolve_model
 from predictor.quants import resolve_quant
@@ -119,11 +120,6 @@ def parse_run(tool: str, arguments: str, text: str) -> dict[str, Any]:
     return fields
 
 
-def _single(value: float, statistic: str) -> dict[str, Any]:
-    return {"samples": [], "median": value, "mean": value, "stddev": None, "p10": None, "p90": None, "n": 1,
-            "statistic": statistic}
-
-
 def llama_log_record(run: dict[str, Any], *, model: str, device: str, file_name: str, source_url: str | None,
                      import_key: str, exclude: dict[str, str] | None = None) -> dict[str, Any] | None:
     """A run record for one parsed run: llama-cli -> decode, llama-perplexity -> prefill; None when the run holds
@@ -152,7 +148,7 @@ def llama_log_record(run: dict[str, Any], *, model: str, device: str, file_name:
         context_at_start = run.get("prompt_tokens", 0)
         config.update(prompt_tokens=[], gen_tokens=run["eval_runs"], reps=1)
         measurements = {"decode": {"gen_tokens": run["eval_runs"], "context_at_start": context_at_start,
-                                   "decode_tok_s": _single(rate, f"llama.cpp's eval time over {run['eval_runs']} "
+                                   "decode_tok_s": mean_summary(rate, None, 1, f"llama.cpp's eval time over {run['eval_runs']} "
                                                                  "decode steps: one mean, no spread")}}
         kind = "decode"
     else:
@@ -162,8 +158,8 @@ def llama_log_record(run: dict[str, Any], *, model: str, device: str, file_name:
         chunks = max(1, run["prompt_tokens"] // chunk)
         rate = 1000.0 * run["prompt_tokens"] / run["prompt_eval_ms"]
         config.update(prompt_tokens=[chunk], gen_tokens=0, reps=chunks)
-        measurements = {"prefill": [{"prompt_tokens": chunk, "context_at_start": 0, "prefill_tok_s": _single(
-            rate, f"llama-perplexity's prompt eval time over {run['prompt_tokens']} tokens ({chunks} chunks of "
+        measurements = {"prefill": [{"prompt_tokens": chunk, "context_at_start": 0, "prefill_tok_s": mean_summary(
+            rate, None, 1, f"llama-perplexity's prompt eval time over {run['prompt_tokens']} tokens ({chunks} chunks of "
                   f"{chunk}): one mean, no spread")}]}
         provenance["logits_all"] = True
         kind = "prefill"
@@ -182,12 +178,7 @@ def import_llama_log(path: str | Path, *, model: str, runs_dir: str | Path, gpu:
     model_id = resolve_model(model).id
     for i, run in enumerate(runs):
         check_llama_log_run(run, file.name, i)
-    names = {r["device_name"] for r in runs if r["device_name"]}
-    name = gpu or (names.pop() if len(names) == 1 else None)
-    if not name:
-        raise BenchcalError(f"{file}: cannot tell the GPU from the log (found: {', '.join(sorted(names)) or 'none'}); "
-                            "pass --gpu")
-    device = resolve_device(name).id
+    device = device_from_names(gpu, (r["device_name"] for r in runs if r["device_name"]), f"the log {file.name}")
 
     def build(i: int, run: dict[str, Any], key: str) -> tuple[dict[str, Any] | None, str | None]:
         record = llama_log_record(run, model=model_id, device=device, file_name=file.name, source_url=source_url,

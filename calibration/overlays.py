@@ -87,7 +87,7 @@ def fit_era_overlays(dataset: Dataset, table: dict[str, Any], engine: str,
     device whose own scope was not fitted on that era alone. Returns (overlays, checks): ``checks`` lists every
     (kind, era, quantity) compared, kept or not, with both errors."""
     from predictor.devices import resolve_device
-    from predictor.eras import era_terms, eras, no_era_architectures
+    from predictor.eras import era_applies, era_terms, eras, no_era_architectures
     from predictor.errors import BenchcalError
 
     names = era_terms(engine)
@@ -97,7 +97,7 @@ def fit_era_overlays(dataset: Dataset, table: dict[str, Any], engine: str,
 
     def era_device(device_id: str) -> bool:  # runs of architectures the eras do not describe stay out
         try:
-            return resolve_device(device_id).architecture not in skipped
+            return era_applies(engine, resolve_device(device_id))
         except BenchcalError:
             return True
     pooled = as_predicted(table, prior)

@@ -32,8 +32,7 @@ Validator = validators.extend(jsonschema.Draft202012Validator, type_checker=json
 
 
 def _where(error: jsonschema.ValidationError) -> str:
-    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
-    return path
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
 
 
 def _message(error: jsonschema.ValidationError) -> str:

@@ -15,7 +15,14 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from predictor.architecture import ModelArch, RopeScaling, from_hf_config, language_config, read_config_json
+from predictor.architecture import (
+    ModelArch,
+    RopeScaling,
+    from_hf_config,
+    language_config,
+    read_config_json,
+    rope_scaling_from_config,
+)
 from predictor.errors import BenchcalError
 
 
@@ -176,8 +183,9 @@ def _gguf_rope_scaling(meta: Any, context_length: int, source: str) -> RopeScali
     if kind not in ("yarn", "linear") or not math.isfinite(factor) or factor <= 1:
         return None
     original = int(meta.arch_value("rope.scaling.original_context_length", 0) or 0) or context_length
-    return RopeScaling(type=kind, factor=float(factor), original_max_context=original,
-                       max_context=max(context_length, int(original * factor)), in_config=True, source=source)
+    return rope_scaling_from_config({"rope_scaling": {"type": kind, "factor": factor,
+                                                      "original_max_position_embeddings": original}},
+                                    context_length, source)
 
 
 def from_gguf(path: str | Path) -> ModelArch:

@@ -158,11 +158,10 @@ def evaluate(
     # tensor cores', not the ALUs that unpack.
     dequant_b = np.where(quantized & ((kind == "unified") | (kind == "cpu")), step_dev, 0.0)
     # Quantized weights (the step's share on the device) Metal's matmul kernels unpack per prompt token.
-    unpack_w = np.where(quantized & (kind == "unified"),
-                        tp.decode_params_per_step(arch, batch) * step_dev / np.maximum(step_w, 1.0), 0.0)
+    step_params_dev = tp.decode_params_per_step(arch, batch) * step_dev / np.maximum(step_w, 1.0)
+    unpack_w = np.where(quantized & (kind == "unified"), step_params_dev, 0.0)
     # Weights of the step in low-bit K-quant tensors a discrete GPU's matrix-vector kernels unpack.
-    kquant_w = np.where(quantized & on_gpu, tp.decode_params_per_step(arch, batch) * step_dev / np.maximum(step_w, 1.0)
-                        * np.asarray(kquant_low_weights, float), 0.0)
+    kquant_w = np.where(quantized & on_gpu, step_params_dev * np.asarray(kquant_low_weights, float), 0.0)
     step_s = tp.decode_step_seconds(
         arch,
         coeffs,
@@ -302,6 +301,11 @@ def predict(
     return predict_scenario(scenario, coefficients, launch=launch)
 
 
+def offload_that_runs(max_gpu_layers: float, num_layers: int) -> float:
+    """The share of the layers kept in host RAM when the most layers that fit stay on the device."""
+    return 1.0 - min(max_gpu_layers, num_layers) / num_layers
+
+
 def predict_scenario(
     scenario: Scenario,
     coefficients: str | Path | Coefficients | None = "default",
@@ -341,8 +345,7 @@ def predict_scenario(
     if VERDICTS[int(scalars["verdict"])] == "needs offload" and s.offload_fraction == 0:
         # Memory and verdict describe the configuration asked for; the speeds describe the one that
         # runs: the most layers that fit on the device, the rest in host RAM.
-        layers = arch.num_layers
-        throughput_offload = 1.0 - min(scalars["max_gpu_layers"], layers) / layers
+        throughput_offload = offload_that_runs(scalars["max_gpu_layers"], arch.num_layers)
         rerun = run(throughput_offload, with_max_context=False)
         for key in ("decode_step_s", "decode_tok_s", "decode_tok_s_total", "prefill_s", "prefill_tok_s", "ttft_s"):
             scalars[key] = float(np.asarray(rerun[key]).reshape(-1)[0])

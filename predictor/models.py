@@ -9,6 +9,7 @@ Face model directory or a ``.gguf`` file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from functools import lru_cache
@@ -71,8 +72,7 @@ def documented_rope_scaling(entry: dict[str, Any]) -> RopeScaling | None:
                                      long["source"])
     if found is None:
         raise BenchcalError(f"model catalogue entry {entry['id']}: long_context.rope_scaling is not a known scaling")
-    return RopeScaling(type=found.type, factor=found.factor, original_max_context=found.original_max_context,
-                       max_context=found.max_context, in_config=False, source=long["source"], note=long.get("note", ""))
+    return dataclasses.replace(found, in_config=False, note=long.get("note", ""))
 
 
 def _arch_from_entry(entry: dict[str, Any]) -> ModelArch:

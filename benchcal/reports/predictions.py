@@ -17,7 +17,7 @@ from predictor.architecture import ModelArch
 from predictor.coefficients import Coefficients
 from predictor.devices import Device, load_devices
 from predictor.engines import traits
-from predictor.estimate import GIB, VERDICTS, Estimate, predict
+from predictor.estimate import GIB, VERDICTS, Estimate, offload_that_runs, predict
 from predictor.grid import sweep_scenario
 from predictor.load import max_concurrency
 from predictor.quants import QuantFormat, quality_tier, quant_formats, resolve_kv_dtype, resolve_quant
@@ -185,8 +185,9 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
     verdicts = r["verdict"][:, 0, 0, 0]
     offloads = {i: _offload_speed(base, devs[i], q, context, batch, table, {k: float(a[i, 0, 0, 0]) for k, a in r.items()})
                 for i in range(len(devs)) if VERDICTS[int(verdicts[i])] == "needs offload"}
-    speed = np.array([((offloads.get(i) or {}).get("decode_tok_s") or 0.0) if i in offloads
-                      else r["decode_tok_s"][i, 0, 0, 0] for i in range(len(devs))], dtype=float)
+    speed = r["decode_tok_s"][:, 0, 0, 0].copy()
+    for i, offload in offloads.items():  # the speed of the configuration that runs
+        speed[i] = (offload or {}).get("decode_tok_s") or 0.0
     order = np.lexsort((-np.nan_to_num(speed, nan=-1.0), verdicts))  # by verdict, then by the speed that runs
     rows, data_rows = [], []
     for i in order:
@@ -263,10 +264,11 @@ def _offload_speed(base: Scenario, device: Device, quant: QuantFormat, context: 
     if not layers or not np.isfinite(values.get("max_gpu_layers", np.nan)):
         return None
     on_gpu = int(min(values["max_gpu_layers"], layers))
-    r = sweep_scenario(base.replace(offload_fraction=1.0 - on_gpu / layers), [device], [quant], [context], [batch],
+    share = offload_that_runs(values["max_gpu_layers"], layers)
+    r = sweep_scenario(base.replace(offload_fraction=share), [device], [quant], [context], [batch],
                        table=table, with_max_context=False)
     decode, ttft = float(r["decode_tok_s"][0, 0, 0, 0]), float(r["ttft_s"][0, 0, 0, 0])
-    return {"gpu_layers": on_gpu, "layers": layers, "offload_fraction": round(1.0 - on_gpu / layers, 4),
+    return {"gpu_layers": on_gpu, "layers": layers, "offload_fraction": round(share, 4),
             "decode_tok_s": _finite(decode, 2), "ttft_s": _finite(ttft, 4)}
 
 
