@@ -167,14 +167,14 @@ def test_transformers_engine_measures_a_tiny_random_model():
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch and transformers")
 @pytest.mark.skipif("transformers" not in ENGINE_CLASSES,
                     reason="the transformers engine is not registered in harness.engines.base.ENGINE_CLASSES")
-def test_bench_measures_the_transformers_engine_in_a_child_process(tmp_path):
+def test_bench_measures_the_transformers_engine_in_a_child_process(tmp_path, probed_cache):
     result = subprocess.run(
         [sys.executable, "-m", "benchcal", "bench", "--engine", "transformers", "--gpu", "cpu",
          "--model", "qwen2.5-0.5b", "--quant", "F32", "--kv-dtype", "f32", "--ctx", "256", "--prompt", "16,32",
          "--gen", "4", "--reps", "2", "--warmup", "1", "--override", "num_layers=2", "--override",
          "vocab_size=2048", "--runs-dir", str(tmp_path / "runs")],
         cwd=REPO, capture_output=True, text=True, timeout=180,
-        env={**os.environ, "BENCHCAL_CACHE": str(tmp_path / "cache")})
+        env={**os.environ, "BENCHCAL_CACHE": str(probed_cache)})
     assert result.returncode == 0, result.stderr[-3000:]
     (path,) = (tmp_path / "runs").rglob("*.json")
     record = json.loads(path.read_text())
@@ -193,10 +193,10 @@ def _dry_run(out: Path, work: Path, **env: str) -> subprocess.CompletedProcess:
         "DEVICE_BUDGET_S": "200", **env})
 
 
-def _seed_host_probe(dry_run_work: Path, work: Path) -> None:
-    """The dry run's host-probe figures, copied into another run's cache: the probe (a minute on 2 busy cores)
-    describes this host, not the run, so a second dry run need not measure it again."""
-    shutil.copytree(dry_run_work / "cache" / "hostbench", work / "cache" / "hostbench")
+def _seed_host_probe(cache: Path, work: Path) -> None:
+    """Host-probe figures copied into a dry run's cache: the probe (a minute on 2 busy cores) describes this host,
+    not the run, so a dry run need not measure it again."""
+    shutil.copytree(cache / "hostbench", work / "cache" / "hostbench")
 
 
 def _records(runs_tarball: Path) -> list[dict]:
@@ -205,11 +205,12 @@ def _records(runs_tarball: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory):
-    """One dry run of scripts/device_calibrate.sh (about 20 s on 2 cores)."""
+def dry_run(tmp_path_factory, probed_cache):
+    """One dry run of scripts/device_calibrate.sh (about 20 s on 2 cores), from the session's host probe."""
     if not HAS_LLAMA:
         pytest.skip("needs llama-cpp-python, gguf and zstd")
     root = tmp_path_factory.mktemp("dry")
+    _seed_host_probe(probed_cache, root / "work")
     result = _dry_run(root / "out", root / "work")
     assert result.returncode == 0, result.stderr[-3000:]
     return root / "out", root / "work"
@@ -251,7 +252,7 @@ def test_dry_run_plans_the_h200_sweep_one_model_at_a_time(dry_run):
 @pytest.mark.engine
 def test_dry_run_resumes_without_measuring_again(dry_run, tmp_path):
     out, work = dry_run
-    _seed_host_probe(work, tmp_path / "work")
+    _seed_host_probe(work / "cache", tmp_path / "work")
     result = _dry_run(tmp_path / "out", tmp_path / "work", DEVICE_RESUME_RUNS=str(out / "runs.tar.gz"))
     assert result.returncode == 0, result.stderr[-3000:]
     log = (tmp_path / "out" / "device_calibrate.log").read_text()
@@ -263,7 +264,7 @@ def test_dry_run_resumes_without_measuring_again(dry_run, tmp_path):
 @pytest.mark.engine
 @pytest.mark.skipif(not HAS_LLAMA, reason="needs llama-cpp-python, gguf and zstd")
 def test_dry_run_without_llama_libraries_turns_to_the_fallback(dry_run, tmp_path):
-    _seed_host_probe(dry_run[1], tmp_path / "work")
+    _seed_host_probe(dry_run[1] / "cache", tmp_path / "work")
     result = _dry_run(tmp_path / "out", tmp_path / "work", LLAMA_CUDA_TARBALL=str(tmp_path / "missing.tar.zst"),
                       DEVICE_FALLBACK_MODELS="qwen2.5-0.5b")
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

@@ -1,8 +1,8 @@
 """A real vLLM CPU run through the harness's protocol (no engine figure is made up here).
 
 The model is the Qwen2.5-0.5B architecture shrunk to 2 layers and a 4096-token vocabulary: a config.json
-only, loaded by vLLM with random weights (``load_format="dummy"``). Start-up dominates (about 25 s on
-2 cores); the measurements themselves take a few seconds.
+only, loaded by vLLM with random weights (``load_format="dummy"``). The run is the session's one
+(``vllm_cpu_run`` in conftest.py, shared with test_vllm_protocol.py): start-up takes about a minute on 2 cores.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from harness import protocol, records  # noqa: E402
+from harness import records  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.vllm]
 
@@ -25,15 +25,10 @@ SHRUNK = {"num_layers": 2, "vocab_size": 4096}
 WEIGHTS_BYTES = 33_495_680 * 2
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("benchcal-cache")
-    runs = tmp_path_factory.mktemp("runs")
-    cfg = {"model": "qwen2.5-0.5b", "engine": "vllm", "device": "cpu", "context": 512, "batch": 1,
-           "prompt_tokens": [32, 128], "gen_tokens": 16, "reps": 3, "warmup": 1, "arch_overrides": SHRUNK}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("BENCHCAL_CACHE", str(cache))
-        yield protocol.run_config(cfg, runs, timeout_s=240)
+@pytest.fixture
+def run(vllm_cpu_run):
+    """The session's one vLLM run (``VLLM_RUN`` in conftest.py: prompts of 32 and 128 tokens, 16 generated)."""
+    return vllm_cpu_run[0]
 
 
 def test_vllm_run_is_stored_ok_with_positive_timings(run):

