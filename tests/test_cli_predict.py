@@ -54,9 +54,12 @@ def test_a_device_without_a_flops_figure_predicts_decode_and_says_why_prefill_is
     assert "no FLOPS figure" in render(predict_report(est), "table")
     d = json.loads(render(predict_report(est), "json"))
     assert d["throughput"]["prefill_tok_s"] is None and d["throughput"]["decode_tok_s"] > 0
-    # the H20 141GB has no sourced bandwidth: not even decode can be predicted, and the report says so
-    h20 = run("predict", "--model", "llama-3-8b", "--gpu", "h20-141gb")
-    assert h20.returncode == 0 and "no bandwidth figure" in h20.stdout, h20.stderr
+    # without a bandwidth figure not even decode can be predicted, and the report says so
+    h20 = resolve_device("h20-141gb")
+    no_bandwidth = dataclasses.replace(h20, bandwidth_gbs=None, notes={**h20.notes, "bandwidth_gbs": "no source"})
+    est = predict(resolve_model("llama-3-8b"), no_bandwidth, None, 8192, "llama.cpp", coefficients="default")
+    assert "no bandwidth figure" in render(predict_report(est), "table")
+    assert json.loads(render(predict_report(est), "json"))["throughput"]["decode_tok_s"] is None
     for command in ("leaderboard", "recommend"):
         out = run(command, "--model", "llama-3-8b", "--ctx", "4096", "--format", "json").stdout
         assert "NaN" not in out and "Infinity" not in out, command
