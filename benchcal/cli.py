@@ -15,20 +15,21 @@ import sys
 
 from predictor.errors import BenchcalError
 
-COMMAND_MODULES = ("predict", "bench", "calibrate")
+COMMAND_MODULES = ("predict", "finetune", "bench", "calibrate")
 
 DESCRIPTION = """\
 benchcal: benchmark-calibrated memory and throughput predictions for LLM inference.
 
-Predict whether a model fits a GPU and how fast it runs (predict, leaderboard, matrix, recommend),
-measure it for real with llama.cpp or vLLM (bench, runs), fit the predictor to the measurements
-(calibrate, report, check, import).
+Predict whether a model fits a GPU and how fast it runs (predict, leaderboard, matrix, recommend) and
+what fine-tuning it takes (finetune), measure it for real with llama.cpp or vLLM (bench, runs), fit the
+predictor to the measurements (calibrate, report, check, import).
 """
 
 EPILOG = """\
 examples:
   benchcal predict --model qwen2.5-72b --gpu l4 --quant Q4_K_M --ctx 8192
   benchcal leaderboard --model qwen2.5-72b --quant Q4_K_M --ctx 32768
+  benchcal finetune --model llama-3.1-8b --gpu rtx-4090
   benchcal bench --gpu cpu --model smollm2-135m --quant Q8_0
   benchcal calibrate && benchcal report --format html > report.html
 """
