@@ -247,8 +247,9 @@ def usable_bytes(device) -> float:
 
 
 def recommend_devices(arch: ModelArch, setup: FinetuneSetup, devices) -> dict | None:
-    """The discrete NVIDIA or AMD GPU that holds ``setup`` with the least memory (then the lowest price); where
-    none holds it alone, the fewest of one card (2, 4 or 8, sharded) and, among those, the smallest card."""
+    """The discrete NVIDIA or AMD GPU that holds ``setup`` at the lowest purchase price (the catalogue's, where it
+    has one; unpriced cards after, by memory); where none holds it alone, the fewest of one card (2, 4 or 8,
+    sharded) and, among those, the same order."""
     best = None
     for d in devices:
         if d.kind != "gpu" or d.vendor not in ("nvidia", "amd"):
@@ -257,7 +258,7 @@ def recommend_devices(arch: ModelArch, setup: FinetuneSetup, devices) -> dict | 
         n = gpus_needed(arch, setup, usable)
         if n is None:
             continue
-        key = (n, d.memory_gib, d.price_usd or float("inf"))
+        key = (n, d.price_usd or float("inf"), d.memory_gib)
         if best is None or key < best[0]:
             best = (key, d, n, usable)
     if best is None:

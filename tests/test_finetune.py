@@ -121,3 +121,13 @@ def test_bad_finetune_input_is_one_line_and_exit_2(args, message):
     p = run("finetune", "--model", "llama-3.1-8b", *args)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and message in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_predict_reports_fine_tuning_on_its_device():
+    p = run("predict", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--format", "json")
+    assert p.returncode == 0, p.stderr
+    finetune = json.loads(p.stdout)["finetune"]
+    fits = {m["method"]: m["fits"] for m in finetune["methods"]}
+    assert fits == {"qlora": True, "lora": True, "full": False}
+    table = run("predict", "--model", "llama-3.1-8b", "--gpu", "rtx-4090").stdout
+    assert "Fine-tuning memory" in table and "benchcal finetune --model llama-3.1-8b" in table

@@ -57,8 +57,8 @@ def finetune_report(arch: ModelArch, setups: Sequence[FinetuneSetup], devices: S
         columns.append(f"On {device.name} ({gib(usable):.1f} GiB usable)")
     rep.add("Methods", "table", rows, columns + ["Recommended GPU"],
             note="Trainable state: adapters, gradients, optimizer states and, for full fine-tuning, the FP32 master "
-                 "weights. Recommended: the discrete GPU with the least memory that holds it (sharded over 2, 4 or "
-                 "8 of one card where none holds it alone).")
+                 "weights. Recommended: the cheapest discrete GPU that holds it (catalogue prices; sharded over "
+                 "2, 4 or 8 of one card where none holds it alone).")
     for entry in methods:
         mem = entry["memory_gib"]
         rep.add(f"Breakdown — {entry['label']}", "table",

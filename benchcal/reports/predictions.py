@@ -18,6 +18,14 @@ from predictor.coefficients import Coefficients
 from predictor.devices import Device, load_devices
 from predictor.engines import traits
 from predictor.estimate import GIB, VERDICTS, Estimate, offload_that_runs, predict
+from predictor.finetune import (
+    METHOD_LABELS,
+    METHODS,
+    FinetuneSetup,
+    finetune_memory,
+    recommend_devices,
+    usable_bytes,
+)
 from predictor.grid import sweep_scenario
 from predictor.load import max_concurrency
 from predictor.quants import QuantFormat, quality_tier, quant_formats, resolve_kv_dtype, resolve_quant
@@ -137,6 +145,7 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
             [f"Concurrent sequences at {serving['context']:,} tokens", f"{serving['max_concurrent_sequences']:,}"],
             ["Formula", serving["formula"]],
         ], ["Quantity", "Value"])
+    add_finetune_section(rep, est)
     band = cal["error_band"]
     rep.add("Calibration", "kv", [
         ["Status", cal["status"], ""],
@@ -170,6 +179,32 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     rep.add("Launch commands", "code", [[d["launch"].get(k, "")] for k in ("llama_cpp", "vllm", "ollama")
                                         if d["launch"].get(k)])
     return rep
+
+
+def add_finetune_section(rep: Report, est: Estimate) -> None:
+    """QLoRA / LoRA / full fine-tuning of the model on this device at ``benchcal finetune``'s defaults (2,048 tokens,
+    batch 1, rank 16, gradient checkpointing), as the calculators show it; ``finetune`` in the JSON (null on a
+    CPU)."""
+    if est.device.kind == "cpu":
+        rep.data["finetune"] = None
+        return
+    usable = usable_bytes(est.device) * est.device_count
+    devices = load_devices()
+    methods, rows = [], []
+    for method in METHODS:
+        setup = FinetuneSetup(method, gpus=est.device_count).validated()
+        mem = finetune_memory(est.model, setup)
+        rec = recommend_devices(est.model, FinetuneSetup(method).validated(), devices)
+        fits = bool(mem.total <= usable / est.device_count)
+        methods.append({"method": method, "total_gib": round(mem.total / GIB, 3), "fits": fits,
+                        "recommended": None if rec is None else {"device": rec["device"], "gpus": rec["gpus"]}})
+        rec_label = "—" if rec is None else (f"{rec['gpus']}x {rec['name']}" if rec["gpus"] > 1 else rec["name"])
+        rows.append([METHOD_LABELS[method], round(mem.total / GIB, 2), "fits" if fits else "does not fit", rec_label])
+    rep.data["finetune"] = {"seq_len": 2048, "batch": 1, "lora_rank": 16, "gradient_checkpointing": True,
+                            "gpus": est.device_count, "methods": methods}
+    rep.add("Fine-tuning memory", "table", rows, ["Method", "GiB per GPU", "On this device", "Recommended GPU"],
+            note="2,048 tokens, batch 1, LoRA rank 16, gradient checkpointing; every component and its formula: "
+                 "benchcal finetune --model " + est.model.id)
 
 
 def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = "llama.cpp", *,
