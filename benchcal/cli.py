@@ -15,14 +15,14 @@ import sys
 
 from predictor.errors import BenchcalError
 
-COMMAND_MODULES = ("predict", "finetune", "bench", "calibrate")
+COMMAND_MODULES = ("predict", "finetune", "cost", "bench", "calibrate")
 
 DESCRIPTION = """\
 benchcal: benchmark-calibrated memory and throughput predictions for LLM inference.
 
 Predict whether a model fits a GPU and how fast it runs (predict, leaderboard, matrix, recommend) and
-what fine-tuning it takes (finetune), measure it for real with llama.cpp or vLLM (bench, runs), fit the
-predictor to the measurements (calibrate, report, check, import).
+what fine-tuning and serving it cost (finetune, cost), measure it for real with llama.cpp or vLLM
+(bench, runs), fit the predictor to the measurements (calibrate, report, check, import).
 """
 
 EPILOG = """\

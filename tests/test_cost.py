@@ -1,0 +1,98 @@
+"""Prices and cost (predictor/prices.py, predictor/data/prices.json, `benchcal cost`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from predictor.devices import resolve_device
+from predictor.prices import (
+    DAYS_PER_MONTH,
+    break_even_months,
+    cloud_offers,
+    load_prices,
+    monthly_usd,
+    power_monthly_usd,
+    serverless_prices,
+    serverless_usd,
+    usd_per_1m_tokens,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchcal", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_the_price_table_is_dated_sourced_and_names_catalogue_entries():
+    cloud, serverless = load_prices()  # raises on an unknown device or model, a bad date or a non-positive price
+    assert len(cloud) >= 30 and len(serverless) >= 5
+    assert all(o.source and o.checked_at for o in cloud)
+    assert all(p.source.startswith("https://github.com/") and p.checked_at for p in serverless)
+
+
+def test_offers_merge_the_table_with_the_catalogue_headline_once():
+    h100 = resolve_device("h100-sxm")
+    offers = cloud_offers(h100)
+    assert [o.usd_per_gpu_hour for o in offers] == sorted(o.usd_per_gpu_hour for o in offers)
+    # the headline (Lambda, $4.29, lambda.ai/pricing) is the table's own row: listed once
+    assert sum(1 for o in offers if o.usd_per_gpu_hour == h100.cloud_usd_per_hour) == 1
+    t4 = cloud_offers(resolve_device("t4"))  # not in the table: the headline alone
+    assert len(t4) == 1 and t4[0].headline and t4[0].provider == "AWS EC2" and t4[0].checked_at == "2026-01-21"
+    v100 = cloud_offers(resolve_device("v100-sxm2-16gb"))
+    assert v100[0].min_gpus == 8  # Lambda rents its V100s as 8x instances only
+
+
+def test_cost_arithmetic():
+    assert monthly_usd(2.0, 8) == pytest.approx(2.0 * 8 * 365.25 / 12)
+    assert power_monthly_usd(450, 8, 0.15) == pytest.approx(0.45 * 8 * DAYS_PER_MONTH * 0.15)
+    assert break_even_months(2000.0, 150.0, 50.0) == pytest.approx(20.0)
+    assert break_even_months(2000.0, 40.0, 50.0) is None
+    assert usd_per_1m_tokens(3.6, 100.0) == pytest.approx(10.0)  # $3.6/h at 100 tok/s: 360,000 tokens an hour
+    assert usd_per_1m_tokens(3.6, 0.0) is None
+    (gmi,) = serverless_prices("llama-3.3-70b")
+    assert serverless_usd(gmi, 2e6, 1e6) == pytest.approx(2 * 0.25 + 0.75)
+
+
+def test_cost_command_json_is_numbers_traceable_to_the_offers():
+    p = run("cost", "--model", "llama-3.3-70b", "--gpu", "rtx-pro-6000", "--concurrency", "4", "--format", "json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    dev = d["device"]
+    assert dev["verdict"] in ("fits", "tight") and dev["decode_tok_s"] > 0
+    assert dev["usd_per_1m_output_batch1"] == pytest.approx(
+        dev["cheapest_usd_per_gpu_hour"] / (dev["decode_tok_s"] * 3600) * 1e6, rel=1e-3)
+    rvb = d["rent_vs_buy"]
+    assert rvb["break_even_months"] == pytest.approx(
+        rvb["purchase_usd"] / (rvb["rent_monthly_usd"] - rvb["power_monthly_usd"]), rel=1e-2)
+    assert d["cloud"] and all(isinstance(e["usd_per_gpu_hour"], float) and e["checked_at"] for e in d["cloud"])
+    assert all(e["usd_per_1m_output_at_load"] is not None for e in d["cloud"])
+    assert d["serverless"][0]["provider"] == "GMI Cloud"
+
+
+def test_cost_says_what_it_cannot_price():
+    p = run("cost", "--model", "qwen2.5-7b", "--gpu", "l20")
+    assert p.returncode == 0, p.stderr
+    assert "L20 48GB has no rental price in the catalogue or the price table" in p.stdout
+    assert "no serverless price for Qwen2.5 7B" in p.stdout
+    for fmt in ("md", "html"):
+        out = run("cost", "--model", "llama-3.1-8b", "--format", fmt)
+        assert out.returncode == 0 and "Cloud comparison" in out.stdout and "NaN" not in out.stdout, fmt
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--hours-per-day", "25"], "at most 24"),
+    (["--gpu", "cpu"], "per rented or bought GPU"),
+    (["--prompt", "9000"], "does not fit the context"),
+    (["--usd-per-kwh", "-1"], "--usd-per-kwh"),
+])
+def test_bad_cost_input_is_one_line_and_exit_2(args, message):
+    p = run("cost", "--model", "llama-3.1-8b", *args)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and message in p.stderr
+    assert "Traceback" not in p.stderr
