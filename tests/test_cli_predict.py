@@ -215,3 +215,14 @@ def test_leaderboard_offload_rows_carry_the_speed_predict_gives(capsys):
     assert row["offload"]["ttft_s"] * 1000 == pytest.approx(est["throughput"]["ttft_ms"], rel=0.01)
     offloaded = [r["offload"]["decode_tok_s"] for r in rows if r["status"] == "needs offload"]
     assert offloaded == sorted(offloaded, reverse=True)  # ordered by the speed that runs
+
+
+def test_playbook_rows_are_predictions_of_the_changed_configuration():
+    p = run("predict", "--model", "qwen2.5-72b", "--gpu", "l4", "--ctx", "32768", "--format", "json")
+    d = json.loads(p.stdout)
+    rows = {r["change"]: r for r in d["playbook"]}
+    kv = d["memory"]["kv_cache_gib"]  # f16, flash attention already on: the saving is the KV cache's alone
+    assert rows["q8_0 KV cache"]["saves_gib"] == pytest.approx(kv * (1 - 1.0625 / 2), abs=0.01)
+    assert rows["q8_0 KV cache"]["total_gib"] == pytest.approx(d["memory"]["total_gib"] - kv * (1 - 1.0625 / 2), abs=0.01)
+    assert rows["flash attention off"]["saves_gib"] < 0  # costs memory
+    assert "Q3_K_M weights" in rows  # the model needs offload at Q4_K_M: smaller files are tried

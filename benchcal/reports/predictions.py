@@ -145,6 +145,7 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
             [f"Concurrent sequences at {serving['context']:,} tokens", f"{serving['max_concurrent_sequences']:,}"],
             ["Formula", serving["formula"]],
         ], ["Quantity", "Value"])
+    add_playbook_section(rep, est, table)
     add_finetune_section(rep, est)
     band = cal["error_band"]
     rep.add("Calibration", "kv", [
@@ -179,6 +180,56 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     rep.add("Launch commands", "code", [[d["launch"].get(k, "")] for k in ("llama_cpp", "vllm", "ollama")
                                         if d["launch"].get(k)])
     return rep
+
+
+# KV cache formats the playbook tries, per engine: (id, launch flag)
+PLAYBOOK_KV = {"llama.cpp": (("q8_0", "-ctk q8_0 -ctv q8_0"), ("q4_0", "-ctk q4_0 -ctv q4_0")),
+               "vllm": (("fp8", "--kv-cache-dtype fp8"),)}
+PLAYBOOK_QUANTS = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
+
+
+def add_playbook_section(rep: Report, est: Estimate, table: Coefficients | None = None) -> None:
+    """The optimisation playbook: what each change would save at this context, each figure a prediction of the
+    changed configuration (``playbook`` in the JSON)."""
+    def variant(**changes) -> Estimate:
+        args = {"quant": est.quant.id, "kv_dtype": est.kv_dtype, "flash_attn": est.flash_attn, **changes}
+        return predict(est.model, est.device, args["quant"], est.context, est.engine, prompt_tokens=est.prompt_tokens,
+                       batch=est.batch, engine_build=est.era.get("build"), kv_dtype=args["kv_dtype"],
+                       device_count=est.device_count, offload_fraction=est.offload_fraction,
+                       flash_attn=args["flash_attn"], n_ubatch=est.n_ubatch, coefficients=table or "default",
+                       host_bandwidth_gbs=est.host_bandwidth_gbs, launch=False)
+
+    base_total = est.values["total_bytes"]
+    items: list[tuple[str, str, Estimate]] = []
+    current_kv = resolve_kv_dtype(est.kv_dtype, est.engine).bytes_per_element
+    for kv, flag in PLAYBOOK_KV.get(est.engine, ()):
+        if resolve_kv_dtype(kv, est.engine).bytes_per_element < current_kv:
+            # llama.cpp quantizes the V cache only with flash attention
+            items.append((f"{kv} KV cache", flag + (" --flash-attn on" if est.engine == "llama.cpp" else ""),
+                          variant(kv_dtype=kv, flash_attn=True if est.engine == "llama.cpp" else est.flash_attn)))
+    if est.engine == "llama.cpp":
+        items.append(("flash attention " + ("off" if est.flash_attn else "on"),
+                      "--flash-attn " + ("off" if est.flash_attn else "on"), variant(flash_attn=not est.flash_attn)))
+        if est.verdict not in ("fits", "tight") and est.quant.id in PLAYBOOK_QUANTS:
+            for q in PLAYBOOK_QUANTS[PLAYBOOK_QUANTS.index(est.quant.id) + 1:]:
+                e = variant(quant=q)
+                items.append((f"{q} weights", f"the {q} file", e))
+                if e.verdict in ("fits", "tight"):
+                    break
+    rows, data = [], []
+    for change, flag, e in items:
+        saved = (base_total - e.values["total_bytes"]) / GIB
+        decode = e.values["decode_tok_s"] if e.verdict in ("fits", "tight") else float("nan")
+        data.append({"change": change, "flag": flag, "saves_gib": round(saved, 3),
+                     "total_gib": round(e.values["total_bytes"] / GIB, 3), "verdict": e.verdict,
+                     "decode_tok_s": _finite(decode, 2)})
+        rows.append([change, flag, f"{saved:+.2f}" if abs(saved) >= 0.005 else "0.00",
+                     round(e.values["total_bytes"] / GIB, 2), e.verdict, _rounded(decode, 1)])
+    rep.data["playbook"] = data
+    if rows:
+        rep.add(f"Optimisation playbook (at {est.context:,} tokens of context)", "table", rows,
+                ["Change", "Flag", "Saves GiB", "Total GiB", "Verdict", "Decode tok/s"],
+                note="Each row is this prediction with one change; a negative saving costs memory.")
 
 
 def add_finetune_section(rep: Report, est: Estimate) -> None:
