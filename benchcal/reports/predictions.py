@@ -104,6 +104,11 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
         ], ["Quantity", "Value"])
         rep.sections[-1].note = ("KV cache and speeds are computed at this context as at any other; the launch commands "
                                  "below enable the scaling.")
+    runs_here = fit["verdict"] in ("fits", "tight") and thr["decode_tok_s"] and thr["ttft_ms"] is not None
+    rep.headline = {"verdict": fit["verdict"], "required_gib": mem["total_gib"], "usable_gib": g["usable_gib"],
+                    "segments": [("weights", mem["weights_gib"]), ("KV cache", mem["kv_cache_gib"]),
+                                 ("runtime & buffers", mem["runtime_gib"])],
+                    "simulator": {"ttft_s": thr["ttft_ms"] / 1000.0, "tok_s": thr["decode_tok_s"]} if runs_here else None}
     weights_note = f"{mem['weights_bits_per_weight']} bits/weight"
     if mem["weights_source"] != WEIGHTS_FROM_WIDTH:
         weights_note += f", {mem['weights_source']}"
@@ -307,6 +312,7 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
     )
     rep.add("Devices", "table", rows, ["Hardware", "Status", "Total / usable GiB", "Decode tok/s", "TTFT s",
                                        "Max safe ctx", "Price"])
+    rep.sections[-1].interactive = True
     # Context scaling of the six fastest devices that fit.
     top = [i for i in order if r["verdict"][i, 0, 0, 0] <= 1][:6]
     if top:
@@ -538,15 +544,20 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
     rep.add("Recommendations", "table", rows, ["Pick", "Hardware", "Total / usable GiB", "Decode tok/s", "TTFT s", "Price"])
     ctxs = contexts_for(arch)
     series = {}
+    same: dict[tuple[str, int], list[str]] = {}  # one line per configuration, named by every pick it is
     for label, pick in picks:
-        if pick is None or label == "Fastest":
+        if pick is not None:
+            same.setdefault((pick[0].id, pick[1]), []).append(label)
+    for label, pick in picks:
+        if pick is None or same[(pick[0].id, pick[1])][0] != label:
             continue
         d, n = pick[0], pick[1]
         s_ = sweep_scenario(Scenario(arch, engine=engine, device_count=n, prompt_tokens=max(ctxs)),
                             [d], [q], ctxs, [1], table=table, with_max_context=False)  # decode at a full context
         name = f"{n}x {d.name}" if n > 1 else d.name
-        series[f"{label}: {name}"] = (ctxs, [round(float(x), 2) if v <= 1 else float("nan")
-                                             for x, v in zip(s_["decode_tok_s"][0, 0, :, 0], s_["verdict"][0, 0, :, 0])])
+        series[f"{', '.join(same[(d.id, n)])}: {name}"] = (
+            ctxs, [round(float(x), 2) if v <= 1 else float("nan")
+                   for x, v in zip(s_["decode_tok_s"][0, 0, :, 0], s_["verdict"][0, 0, :, 0])])
     if series:
         rep.charts.append(Chart(f"Decode speed at a full context ({q.id})", "context (tokens)", "tok/s", series))
     rep.add("Launch commands", "code", commands)
