@@ -94,6 +94,8 @@ def spec_from_arch(arch: Any, overrides: Mapping[str, int] | None = None,
     cfg = dict(hf_config or {})
     cfg = dict(cfg.get("text_config") or cfg)
     spec: dict[str, Any] = {name: get(name) for name in SPEC_FIELDS}
+    if get("gguf_intermediate_size"):  # the layout of the files its GGUF repository holds (a padded FFN)
+        spec["intermediate_size"] = get("gguf_intermediate_size")
     for name in ("rope_theta", "rms_norm_eps", "moe_intermediate_size"):
         spec[name] = spec[name] if spec[name] is not None else cfg.get(name)
     if get("attention") == "mla":

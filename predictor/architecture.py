@@ -123,6 +123,10 @@ class ModelArch:
     rope_scaling: RopeScaling | None = None  # the config's, or one its model card documents
     long_context: bool = False  # a documented scaling enabled: ``max_context`` is then the scaled maximum
     config_max_context: int | None = None  # with ``long_context``: the config's own maximum
+    # The GGUF repository the launch commands download (the catalogue's ``gguf``), and the FFN width its files
+    # were converted with where it differs from the config's (Qwen pads 29,568 to 29,696 so K-quants apply).
+    gguf_repo: str | None = None
+    gguf_intermediate_size: int | None = None
 
     @property
     def native_max_context(self) -> int:

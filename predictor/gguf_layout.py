@@ -112,13 +112,16 @@ def gguf_architecture(spec: Mapping[str, Any]) -> str:
     return "llama"
 
 
-def layout_spec(arch: Any) -> dict[str, Any] | None:
-    """The shapes a plan needs, from a ``ModelArch``; None for a layout not planned here."""
+def layout_spec(arch: Any, ffn_width: int | None = None) -> dict[str, Any] | None:
+    """The shapes a plan needs, from a ``ModelArch``; None for a layout not planned here. The FFN width is
+    ``ffn_width``, else that of the files the model's GGUF repository holds (``gguf_intermediate_size``), else the
+    config's."""
     if arch.attention != "gqa" or not family(arch.architecture).startswith(PLANNED_FAMILIES):
         return None
     spec = {
         "architecture": arch.architecture, "num_layers": arch.num_layers, "hidden_size": arch.hidden_size,
-        "intermediate_size": arch.intermediate_size, "num_attention_heads": arch.num_attention_heads,
+        "intermediate_size": ffn_width or getattr(arch, "gguf_intermediate_size", None) or arch.intermediate_size,
+        "num_attention_heads": arch.num_attention_heads,
         "num_kv_heads": arch.num_kv_heads, "head_dim": arch.head_dim, "vocab_size": arch.vocab_size,
         "tie_embeddings": bool(arch.tie_embeddings), "num_experts": int(arch.num_experts or 0),
         "moe_intermediate_size": arch.intermediate_size,
@@ -280,14 +283,17 @@ def weights_bytes(spec: Mapping[str, Any], file_type: str) -> int:
 
 
 @functools.lru_cache(maxsize=256)  # a sweep, its report and the launch prediction ask for the same files
-def planned_weights_bytes(arch: Any, quant_id: str) -> int | None:
-    """Tensor bytes of ``arch``'s GGUF in the mix ``quant_id``; None where no plan applies (layout or mix)."""
-    spec = layout_spec(arch)
+def planned_weights_bytes(arch: Any, quant_id: str, ffn_width: int | None = None) -> int | None:
+    """Tensor bytes of ``arch``'s GGUF in the mix ``quant_id`` (the files of its GGUF repository, or with
+    ``ffn_width``); None where no plan applies (layout or mix)."""
+    spec = layout_spec(arch, ffn_width)
     if spec is None or quant_id not in FILE_TYPES:
         return None
     plan = tensor_plan(spec, quant_id)
-    # A layout that does not hold the model's parameters (shared experts, extra projections) is not this one.
+    # A layout that does not hold the model's parameters (shared experts, extra projections) is not this one; a
+    # repository whose files pad the FFN (``gguf_intermediate_size``) holds that many more.
+    padding = 3 * arch.hidden_size * arch.num_layers * (spec["intermediate_size"] - arch.intermediate_size)
     values = sum(t.n_values for t in plan)
-    if abs(values - (arch.params_total - arch.params_extra)) > 1e-3 * arch.params_total:
+    if abs(values - padding - (arch.params_total - arch.params_extra)) > 1e-3 * arch.params_total:
         return None
     return sum(t.nbytes for t in plan)

@@ -36,6 +36,8 @@ def _llama_model_arg(est: Estimate, quant: str) -> str:
     m = est.model
     if m.source and m.source.endswith(".gguf"):
         return f"-m {m.source}"
+    if m.gguf_repo:
+        return f"-hf {m.gguf_repo}:{quant}"
     if m.hf_id:
         return f"-hf {m.hf_id}-GGUF:{quant}"
     return f"-m {m.id}-{quant}.gguf"

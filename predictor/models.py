@@ -76,13 +76,21 @@ def documented_rope_scaling(entry: dict[str, Any]) -> RopeScaling | None:
 
 
 def _arch_from_entry(entry: dict[str, Any]) -> ModelArch:
-    return from_hf_config(
+    arch = from_hf_config(
         entry["config"], id=entry["id"], name=entry.get("name"), hf_id=entry.get("hf_id"), source=entry["source"],
         published_params_b=entry.get("published_params_b"),
         published_params_source=entry.get("published_params_source"),
         params_extra=int(entry.get("extra_params") or 0),
         documented_rope_scaling=documented_rope_scaling(entry),
     )
+    gguf = entry.get("gguf")
+    if gguf:  # the GGUF repository its launch commands download, and how its files were converted
+        width = gguf.get("intermediate_size")
+        if width is not None and (not isinstance(width, int) or width < arch.intermediate_size):
+            raise BenchcalError(f"model catalogue entry {entry['id']}: gguf.intermediate_size must be a whole number "
+                                f"no smaller than the config's {arch.intermediate_size}")
+        arch = dataclasses.replace(arch, gguf_repo=str(gguf["repo"]), gguf_intermediate_size=width)
+    return arch
 
 
 @lru_cache(maxsize=1)

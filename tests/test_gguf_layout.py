@@ -17,8 +17,24 @@ from predictor.weights import WEIGHTS_FROM_FILE, WEIGHTS_FROM_PLAN, WEIGHTS_FROM
 SIZES = Path(__file__).parent / "data" / "gguf-file-sizes" / "published_sizes.json"
 
 
-def _types(model: str, file_type: str) -> dict[str, str]:
-    return {t.name: t.ggml_type for t in layout.tensor_plan(layout.layout_spec(resolve_model(model)), file_type)}
+def _types(model: str, file_type: str, ffn_width: int | None = None) -> dict[str, str]:
+    spec = layout.layout_spec(resolve_model(model), ffn_width)
+    return {t.name: t.ggml_type for t in layout.tensor_plan(spec, file_type)}
+
+
+def test_the_files_a_launch_command_downloads_are_the_ones_sized():
+    """Qwen's own Qwen2.5-72B GGUF files pad the FFN to 29,696: planned with that width, each published file is its
+    tensors plus the same few MB of metadata, and the prediction sizes that file, not another publisher's."""
+    entries = [e for e in __import__("predictor.models", fromlist=["x"]).load_catalogue_entries() if e.get("gguf")]
+    assert entries
+    for entry in entries:
+        arch = resolve_model(entry["id"])
+        overheads = {q: size - layout.planned_weights_bytes(arch, q) for q, size in entry["gguf"]["files_bytes"].items()}
+        assert all(0 < o < 8e6 for o in overheads.values()), overheads
+        assert max(overheads.values()) - min(overheads.values()) < 1e5  # one metadata block, whatever the quant
+        est = predict(arch, "l4", "Q4_K_M", 8192, "llama.cpp")
+        assert f"-hf {entry['gguf']['repo']}:Q4_K_M" in est.launch["llama_cpp"]
+        assert est.values["weights_total_bytes"] == pytest.approx(entry["gguf"]["files_bytes"]["Q4_K_M"], abs=8e6)
 
 
 def test_every_published_file_size_is_reproduced():
@@ -27,7 +43,9 @@ def test_every_published_file_size_is_reproduced():
     for entry in files:
         arch = resolve_model(entry["model"])
         assert known_weights_bytes(arch, resolve_quant(entry["quant"], "llama.cpp"), "llama.cpp")[1] == WEIGHTS_FROM_PLAN
-        planned = layout.planned_weights_bytes(arch, entry["quant"])
+        # a file from another publisher than the repository the launch commands use keeps the config's FFN width
+        width = arch.gguf_intermediate_size if entry["repo"] == arch.gguf_repo else arch.intermediate_size
+        planned = layout.planned_weights_bytes(arch, entry["quant"], width)
         # The file also holds its metadata (tokenizer: a few MB); the displayed size is rounded.
         assert abs(entry["size_bytes"] - planned) <= 0.01 * entry["size_bytes"] + 8e6, entry
         if entry["model"] == "qwen2.5-72b":  # every K-quant and IQ4_XS mix of the 72B within 0.1%
@@ -51,13 +69,16 @@ def test_file_types_and_block_sizes_agree_with_the_quant_catalogue():
 
 
 def test_q4_k_m_rules():
-    types = _types("qwen2.5-72b", "Q4_K_M")
+    types = _types("qwen2.5-72b", "Q4_K_M", 29568)  # the config's FFN width, as other publishers convert it
     assert types["output.weight"] == "Q6_K"
     assert types["token_embd.weight"] == "Q4_K"  # untied: the mix's own type
     # 80 layers: llama.cpp's 70B type, whose attn_v gets Q5_K where use_more_bits does not give Q6_K.
     assert types["blk.0.attn_v.weight"] == "Q6_K" and types["blk.11.attn_v.weight"] == "Q5_K"
     # ffn_down rows of 29568 values are not a multiple of 256: Q4_K falls back to Q5_0, Q6_K to Q8_0.
     assert types["blk.11.ffn_down.weight"] == "Q5_0" and types["blk.0.ffn_down.weight"] == "Q8_0"
+    # Qwen's own files pad it to 29,696: the K-quants apply
+    padded = _types("qwen2.5-72b", "Q4_K_M")
+    assert padded["blk.11.ffn_down.weight"] == "Q4_K" and padded["blk.0.ffn_down.weight"] == "Q6_K"
     assert types["blk.11.attn_q.weight"] == "Q4_K"
     tied = _types("qwen2.5-0.5b", "Q4_K_M")
     assert tied["token_embd.weight"] == "Q8_0"  # tied: the output's type, Q6_K falling back (896 % 256 != 0)
@@ -94,7 +115,7 @@ def test_predict_says_how_it_sized_the_weights():
     assert planned.weights_source == WEIGHTS_FROM_PLAN
     memory = planned.to_dict()["memory"]
     assert memory["weights_source"] == WEIGHTS_FROM_PLAN and memory["weights_exact"] is False
-    assert memory["weights_bits_per_weight"] == pytest.approx(5.217, abs=0.002)
+    assert memory["weights_bits_per_weight"] == pytest.approx(4.842, abs=0.002)  # Qwen's own file (padded FFN)
     width = predict("phi-4", "h200", "Q4_K_M", 8192, coefficients=None, launch=False)
     assert width.weights_source == WEIGHTS_FROM_WIDTH
     assert width.to_dict()["memory"]["weights_bits_per_weight"] == resolve_quant("Q4_K_M").bits_per_weight
@@ -139,7 +160,7 @@ def test_the_quant_matrix_lists_each_file_at_its_own_width_widest_first():
     weights = [row["weights_gib"] for row in rows]
     assert weights == sorted(weights, reverse=True)
     bits = {row["quant"]: row["bits_per_weight"] for row in rows}
-    assert bits["Q4_K_M"] == pytest.approx(5.217, abs=0.002)  # the file's own average, not the format's 4.89
+    assert bits["Q4_K_M"] == pytest.approx(4.842, abs=0.002)  # Qwen's own file's average, not the format's 4.89
     assert bits["Q3_K_M"] < bits["IQ4_XS"] < bits["Q4_K_M"]
 
 

@@ -112,6 +112,8 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     weights_note = f"{mem['weights_bits_per_weight']} bits/weight"
     if mem["weights_source"] != WEIGHTS_FROM_WIDTH:
         weights_note += f", {mem['weights_source']}"
+    if est.model.gguf_repo and traits(est.engine).gguf and mem["weights_source"] != WEIGHTS_FROM_WIDTH:
+        weights_note += f" of {est.model.gguf_repo}"  # the files its launch commands download
     rep.add("Memory", "kv", [
         ["Model weights on device", f"{mem['weights_gib']:.2f} GiB ({weights_note})"],
         ["KV cache", f"{mem['kv_cache_gib']:.2f} GiB"],
