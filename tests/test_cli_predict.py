@@ -226,3 +226,15 @@ def test_playbook_rows_are_predictions_of_the_changed_configuration():
     assert rows["q8_0 KV cache"]["total_gib"] == pytest.approx(d["memory"]["total_gib"] - kv * (1 - 1.0625 / 2), abs=0.01)
     assert rows["flash attention off"]["saves_gib"] < 0  # costs memory
     assert "Q3_K_M weights" in rows  # the model needs offload at Q4_K_M: smaller files are tried
+
+
+def test_leaderboard_lists_the_fewest_of_a_card_that_hold_the_model():
+    d = json.loads(run("leaderboard", "--model", "qwen2.5-72b", "--quant", "Q4_K_M", "--ctx", "32768",
+                       "--format", "json").stdout)
+    alone = {r["device"]: r["status"] for r in d["rows"]}
+    rigs = {r["device"]: r for r in d["rigs"]}
+    assert rigs["rtx-5090"]["count"] == 2 and rigs["rtx-4090"]["count"] == 4
+    for rig in d["rigs"]:
+        assert alone[rig["device"]] not in ("fits", "tight") and rig["status"] in ("fits", "tight")
+        assert rig["total_gib"] <= rig["usable_gib"]
+    assert "h200-sxm" not in rigs  # it holds the model alone

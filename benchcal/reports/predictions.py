@@ -265,6 +265,49 @@ def add_finetune_section(rep: Report, est: Estimate) -> None:
                  "benchcal finetune --model " + est.model.id)
 
 
+RIG_SIZES = (2, 4, 8)
+
+
+def add_rig_section(rep: Report, base: Scenario, devs: Sequence[Device], verdicts: np.ndarray, q: QuantFormat,
+                    context: int, batch: int, table: Coefficients | None) -> None:
+    """Multi-GPU rigs: for each discrete GPU that does not hold the model alone, the fewest of it (2, 4 or 8; layer
+    split for llama.cpp, tensor parallel for vLLM) that do, with their memory per GPU, decode and TTFT (``rigs`` in
+    the JSON, fastest first)."""
+    left = [i for i in range(len(devs)) if VERDICTS[int(verdicts[i])] not in ("fits", "tight") and devs[i].kind == "gpu"]
+    rigs = []
+    for n in RIG_SIZES:
+        if not left:
+            break
+        r = sweep_scenario(base.replace(device_count=n), [devs[i] for i in left], [q], [context], [batch], table=table,
+                           with_max_context=False)
+        still = []
+        for k, i in enumerate(left):
+            v = {key: float(a[k, 0, 0, 0]) for key, a in r.items()}
+            if v["verdict"] <= 1:
+                d = devs[i]
+                rigs.append({"device": d.id, "name": d.name, "count": n, "status": VERDICTS[int(v["verdict"])],
+                             "total_gib": _finite(v["total_bytes"] / GIB, 3),
+                             "usable_gib": _finite(v["usable_bytes"] / GIB, 3),
+                             "decode_tok_s": _finite(v["decode_tok_s"], 2), "ttft_s": _finite(v["ttft_s"], 4),
+                             "price_usd": n * d.price_usd if d.price_usd else None,
+                             "cloud_usd_per_hour": n * d.cloud_usd_per_hour if d.cloud_usd_per_hour else None})
+            else:
+                still.append(i)
+        left = still
+    rigs.sort(key=lambda x: -(x["decode_tok_s"] or 0.0))
+    rep.data["rigs"] = rigs
+    if rigs:
+        rep.add("Multi-GPU rigs (the fewest of a card that hold the model)", "table", [
+            [f"{x['count']}x {x['name']}", x["status"], f"{x['total_gib']:.1f} / {x['usable_gib']:.1f}",
+             _rounded(x["decode_tok_s"], 1) if x["decode_tok_s"] is not None else "—",
+             _rounded(x["ttft_s"], 2) if x["ttft_s"] is not None else "—",
+             f"${x['price_usd']:,.0f}" if x["price_usd"] else "—"] for x in rigs],
+            ["Rig", "Status", "Total / usable GiB", "Decode tok/s", "TTFT s", "Price"],
+            note=f"{'Layer split' if base.engine == 'llama.cpp' else 'Tensor parallel'} over the GPUs; memory is "
+                 "the whole rig's; price is the cards' alone.")
+        rep.sections[-1].interactive = True
+
+
 def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = "llama.cpp", *,
                        devices: Sequence[Device] | None = None, table: Coefficients | None = None,
                        prompt_tokens: int = 4096, kv_dtype: str | None = None, batch: int = 1) -> Report:
@@ -315,6 +358,7 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
     rep.add("Devices", "table", rows, ["Hardware", "Status", "Total / usable GiB", "Decode tok/s", "TTFT s",
                                        "Max safe ctx", "Price"])
     rep.sections[-1].interactive = True
+    add_rig_section(rep, base, devs, verdicts, q, context, batch, table)
     # Context scaling of the six fastest devices that fit.
     top = [i for i in order if r["verdict"][i, 0, 0, 0] <= 1][:6]
     if top:
