@@ -32,15 +32,24 @@ _LLAMA_EQUIVALENT = {"FP8": "Q8_0", "AWQ": "Q4_K_M", "GPTQ": "Q4_K_M"}
 _VLLM_QUANT_FLAG = {"AWQ": "awq", "GPTQ": "gptq", "FP8": "fp8"}
 
 
+# Organisations that publish GGUF and AWQ / GPTQ files of their own models as ``<model>-GGUF``, ``<model>-AWQ``,
+# ``<model>-GPTQ-Int4`` (Qwen: Qwen2.5, Qwen3, QwQ).
+GGUF_PUBLISHERS = ("Qwen/",)
+
+
 def _llama_model_arg(est: Estimate, quant: str) -> str:
+    """What llama-server loads: the model's own .gguf; the GGUF repository its catalogue entry names; its
+    publisher's ``<hf_id>-GGUF`` where that publisher releases GGUFs; else a local file to convert it into (no
+    repository is guessed)."""
     m = est.model
     if m.source and m.source.endswith(".gguf"):
         return f"-m {m.source}"
     if m.gguf_repo:
         return f"-hf {m.gguf_repo}:{quant}"
-    if m.hf_id:
+    if m.hf_id and m.hf_id.startswith(GGUF_PUBLISHERS):
         return f"-hf {m.hf_id}-GGUF:{quant}"
-    return f"-m {m.id}-{quant}.gguf"
+    name = m.hf_id.split("/")[-1] if m.hf_id else m.id
+    return f"-m {name}-{quant}.gguf"
 
 
 def _long_context(est: Estimate):
@@ -126,7 +135,10 @@ def vllm_command(est: Estimate, vllm_est: Estimate | None) -> str:
     repo = m.hf_id or (m.source if m.source and not m.source.endswith(".gguf") else m.id)
     quant = e.quant.id
     if quant in ("AWQ", "GPTQ") and m.hf_id:
-        repo = f"{m.hf_id}-{quant}"
+        # Qwen publishes its own quantized checkpoints (<model>-AWQ, <model>-GPTQ-Int4); for other models none is
+        # recorded, and the command says what to serve rather than guess a repository
+        repo = (f"{m.hf_id}-{'AWQ' if quant == 'AWQ' else 'GPTQ-Int4'}" if m.hf_id.startswith(GGUF_PUBLISHERS)
+                else f"<a {quant} checkpoint of {m.hf_id}>")
     parts = [f"vllm serve {repo}", f"--max-model-len {e.context}"]
     rs = _long_context(e)
     if rs is not None:  # the card's rope_scaling block, as vLLM's --hf-overrides takes a config change

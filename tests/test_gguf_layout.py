@@ -10,7 +10,7 @@ import pytest
 from harness import synthetic
 from predictor import gguf_layout as layout
 from predictor.estimate import predict
-from predictor.models import load_catalogue, resolve_model
+from predictor.models import load_catalogue, load_catalogue_entries, resolve_model
 from predictor.quants import quant_formats, resolve_quant
 from predictor.weights import WEIGHTS_FROM_FILE, WEIGHTS_FROM_PLAN, WEIGHTS_FROM_WIDTH, known_weights_bytes
 
@@ -25,7 +25,7 @@ def _types(model: str, file_type: str, ffn_width: int | None = None) -> dict[str
 def test_the_files_a_launch_command_downloads_are_the_ones_sized():
     """Qwen's own Qwen2.5-72B GGUF files pad the FFN to 29,696: planned with that width, each published file is its
     tensors plus the same few MB of metadata, and the prediction sizes that file, not another publisher's."""
-    entries = [e for e in __import__("predictor.models", fromlist=["x"]).load_catalogue_entries() if e.get("gguf")]
+    entries = [e for e in load_catalogue_entries() if e.get("gguf", {}).get("files_bytes")]
     assert entries
     for entry in entries:
         arch = resolve_model(entry["id"])
@@ -35,6 +35,20 @@ def test_the_files_a_launch_command_downloads_are_the_ones_sized():
         est = predict(arch, "l4", "Q4_K_M", 8192, "llama.cpp")
         assert f"-hf {entry['gguf']['repo']}:Q4_K_M" in est.launch["llama_cpp"]
         assert est.values["weights_total_bytes"] == pytest.approx(entry["gguf"]["files_bytes"]["Q4_K_M"], abs=8e6)
+
+
+def test_launch_commands_name_a_recorded_repository_or_a_local_file():
+    """No repository is guessed: the catalogue's GGUF repository, Qwen's own ``-GGUF`` ones, else a local file."""
+    for entry in load_catalogue_entries():
+        est = predict(entry["id"], "h200", "Q4_K_M", 2048, "llama.cpp")
+        command = est.launch["llama_cpp"]
+        if entry.get("gguf"):
+            assert f"-hf {entry['gguf']['repo']}:Q4_K_M" in command, entry["id"]
+        elif entry["hf_id"].startswith("Qwen/"):
+            assert f"-hf {entry['hf_id']}-GGUF:Q4_K_M" in command, entry["id"]
+        else:
+            assert " -m " in command and " -hf " not in command, (entry["id"], command)
+            assert est.launch["vllm"].startswith("vllm serve <a AWQ checkpoint of"), est.launch["vllm"]
 
 
 def test_every_published_file_size_is_reproduced():
