@@ -96,3 +96,13 @@ def test_bad_cost_input_is_one_line_and_exit_2(args, message):
     p = run("cost", "--model", "llama-3.1-8b", *args)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and message in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_recommend_cloud_pick_is_the_cheapest_dated_offer_of_what_holds_the_model():
+    d = json.loads(run("recommend", "--model", "qwen2.5-72b", "--ctx", "8192", "--format", "json").stdout)
+    (cloud,) = [p for p in d["picks"] if p["pick"] == "Cloud from"]
+    rental = cloud["rental"]
+    offers = cloud_offers(resolve_device(cloud["device"]))
+    assert rental["usd_per_hour"] == pytest.approx(
+        min(o.usd_per_gpu_hour * max(cloud["count"], o.min_gpus) for o in offers))
+    assert rental["provider"] and rental["source"] and rental["gpus_rented"] >= cloud["count"]

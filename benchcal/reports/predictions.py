@@ -28,6 +28,7 @@ from predictor.finetune import (
 )
 from predictor.grid import sweep_scenario
 from predictor.load import max_concurrency
+from predictor.prices import CloudOffer, cloud_offers
 from predictor.quants import QuantFormat, quality_tier, quant_formats, resolve_kv_dtype, resolve_quant
 from predictor.registry import REGISTRY
 from predictor.scenario import Scenario
@@ -506,6 +507,13 @@ def catalogue_devices_report(devices: Sequence[Device]) -> Report:
     return rep
 
 
+def _rental(device: Device, count: int) -> tuple[float, CloudOffer]:
+    """The cheapest dated offer of ``count`` of ``device`` (:func:`predictor.prices.cloud_offers`): $ per hour for
+    the GPUs rented (an offer of 8x only rents 8) and the offer."""
+    offer = min(cloud_offers(device), key=lambda o: o.usd_per_gpu_hour * max(count, o.min_gpus))
+    return offer.usd_per_gpu_hour * max(count, offer.min_gpus), offer
+
+
 def _decode_or_zero(values: dict[str, float]) -> float:
     """A candidate's decode rate for ranking: 0 where the catalogue cannot give one (ranked last, never first)."""
     rate = values["decode_tok_s"]
@@ -558,8 +566,8 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
         ("Multi-GPU", cheapest([c for c in candidates if c[1] > 1])),
         ("Fastest", max((c for c in candidates if np.isfinite(c[2]["decode_tok_s"])),
                         key=lambda c: c[2]["decode_tok_s"], default=None)),
-        ("Cloud from", min((c for c in candidates if c[0].cloud_usd_per_hour), default=None,
-                           key=lambda c: c[0].cloud_usd_per_hour * c[1])),
+        ("Cloud from", min((c for c in candidates if c[0].kind != "cpu" and cloud_offers(c[0])), default=None,
+                           key=lambda c: _rental(c[0], c[1])[0])),
     ]
     rows, commands, data = [], [], []
     for label, pick in picks:
@@ -569,8 +577,12 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
         d, n, v, price = pick
         name = f"{n}x {d.name}" if n > 1 else d.name
         cost = f"${price:,.0f}" if price else "—"
+        rental = None
         if label == "Cloud from":
-            cost = f"${d.cloud_usd_per_hour * n:.2f}/h"
+            hourly, offer = _rental(d, n)
+            rental = {"usd_per_hour": round(hourly, 4), "provider": offer.provider, "product": offer.product,
+                      "gpus_rented": max(n, offer.min_gpus), "checked_at": offer.checked_at, "source": offer.source}
+            cost = f"${hourly:.2f}/h ({offer.provider}, {offer.product})"
         rows.append([label, name, f"{_gib(v['total_bytes']):.1f} / {_gib(v['usable_bytes']):.1f}",
                      round(v["decode_tok_s"], 1), _rounded(v["ttft_s"], 2), cost])
         est = predict(arch, d, q.id, context, engine, device_count=n, prompt_tokens=prompt_tokens,
@@ -579,7 +591,7 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
         commands += [[est.launch[k]] for k in ("llama_cpp", "vllm", "ollama") if est.launch.get(k)]
         data.append({"pick": label, "device": d.id, "count": n, "total_gib": _gib(v["total_bytes"]),
                      "decode_tok_s": round(v["decode_tok_s"], 2), "ttft_s": round(v["ttft_s"], 3) if np.isfinite(v["ttft_s"]) else None,
-                     "price_usd": price, "launch": est.launch})
+                     "price_usd": price, "launch": est.launch, **({"rental": rental} if rental else {})})
     constraints = [f"min decode {min_decode:g} tok/s" if min_decode else "", f"budget ${budget_usd:,.0f}" if budget_usd else ""]
     rep = Report(
         title=f"Recommended hardware — {arch.name}, {q.id}, {context:,} context, {engine}",
