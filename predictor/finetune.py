@@ -221,14 +221,20 @@ def _per(n: int) -> str:
     return f" / {n} GPUs" if n > 1 else ""
 
 
-def gpus_needed(arch: ModelArch, setup: FinetuneSetup, usable_bytes: float, max_gpus: int = 8) -> int | None:
-    """The fewest GPUs (1, 2, 4, 8) of ``usable_bytes`` each that hold ``setup`` sharded, else None."""
-    n = 1
-    while n <= max_gpus:
-        if finetune_memory(arch, FinetuneSetup(**{**setup.__dict__, "gpus": n})).total <= usable_bytes:
-            return n
-        n *= 2
-    return None
+SHARDS = (1, 2, 4, 8)
+
+
+def sharded_totals(arch: ModelArch, setup: FinetuneSetup) -> dict[int, float]:
+    """Bytes per GPU of ``setup`` sharded over each of :data:`SHARDS` GPUs (the same whatever the card)."""
+    return {n: finetune_memory(arch, FinetuneSetup(**{**setup.__dict__, "gpus": n})).total for n in SHARDS}
+
+
+def gpus_needed(arch: ModelArch, setup: FinetuneSetup, usable_bytes: float,
+                totals: dict[int, float] | None = None) -> int | None:
+    """The fewest GPUs (1, 2, 4, 8) of ``usable_bytes`` each that hold ``setup`` sharded, else None (``totals``:
+    :func:`sharded_totals`, when the caller has them)."""
+    totals = totals or sharded_totals(arch, setup)
+    return next((n for n in SHARDS if totals[n] <= usable_bytes), None)
 
 
 def gib(x: float) -> float:
@@ -251,11 +257,12 @@ def recommend_devices(arch: ModelArch, setup: FinetuneSetup, devices) -> dict | 
     has one; unpriced cards after, by memory); where none holds it alone, the fewest of one card (2, 4 or 8,
     sharded) and, among those, the same order."""
     best = None
+    totals = sharded_totals(arch, setup)
     for d in devices:
         if d.kind != "gpu" or d.vendor not in ("nvidia", "amd"):
             continue
         usable = usable_bytes(d)
-        n = gpus_needed(arch, setup, usable)
+        n = gpus_needed(arch, setup, usable, totals)
         if n is None:
             continue
         key = (n, d.price_usd or float("inf"), d.memory_gib)
@@ -265,4 +272,4 @@ def recommend_devices(arch: ModelArch, setup: FinetuneSetup, devices) -> dict | 
         return None
     _, d, n, usable = best
     return {"device": d.id, "name": d.name, "gpus": n, "usable_gib_per_gpu": gib(usable),
-            "total_gib_per_gpu": gib(finetune_memory(arch, FinetuneSetup(**{**setup.__dict__, "gpus": n})).total)}
+            "total_gib_per_gpu": gib(totals[n])}
