@@ -169,11 +169,7 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     # Context scaling.
     rows, xs, totals, decodes = [], [], [], []
     for ctx in contexts_for(est.model):
-        e = predict(est.model, est.device, est.quant.id, ctx, est.engine, prompt_tokens=ctx, batch=est.batch,
-                    engine_build=est.era.get("build"),
-                    kv_dtype=est.kv_dtype, device_count=est.device_count, offload_fraction=est.offload_fraction,
-                    flash_attn=est.flash_attn, n_ubatch=est.n_ubatch, coefficients=table or "default",
-                    host_bandwidth_gbs=est.host_bandwidth_gbs, launch=False)
+        e = repredict(est, table, context=ctx, prompt_tokens=ctx)
         v = e.values
         rows.append([_ctx_label(ctx), _gib(v["kv_cache_bytes"]), _gib(v["total_bytes"]),
                      _rounded(v["decode_tok_s"], 1), _rounded(v["ttft_s"], 2), e.verdict])
@@ -190,6 +186,18 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     return rep
 
 
+def repredict(est: Estimate, table: Coefficients | None = None, **changes: Any) -> Estimate:
+    """``est``'s configuration predicted again with ``changes`` (``quant``, ``context``, ``prompt_tokens``,
+    ``kv_dtype``, ``flash_attn``), every other input and the engine build as ``est`` had them; no launch commands."""
+    args = {"quant": est.quant.id, "context": est.context, "prompt_tokens": est.prompt_tokens,
+            "kv_dtype": est.kv_dtype, "flash_attn": est.flash_attn, **changes}
+    return predict(est.model, est.device, args["quant"], args["context"], est.engine,
+                   prompt_tokens=args["prompt_tokens"], batch=est.batch, engine_build=est.era.get("build"),
+                   kv_dtype=args["kv_dtype"], device_count=est.device_count, offload_fraction=est.offload_fraction,
+                   flash_attn=args["flash_attn"], n_ubatch=est.n_ubatch, coefficients=table or "default",
+                   host_bandwidth_gbs=est.host_bandwidth_gbs, launch=False)
+
+
 # KV cache formats the playbook tries, per engine: (id, launch flag)
 PLAYBOOK_KV = {"llama.cpp": (("q8_0", "-ctk q8_0 -ctv q8_0"), ("q4_0", "-ctk q4_0 -ctv q4_0")),
                "vllm": (("fp8", "--kv-cache-dtype fp8"),)}
@@ -199,14 +207,6 @@ PLAYBOOK_QUANTS = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
 def add_playbook_section(rep: Report, est: Estimate, table: Coefficients | None = None) -> None:
     """The optimisation playbook: what each change would save at this context, each figure a prediction of the
     changed configuration (``playbook`` in the JSON)."""
-    def variant(**changes) -> Estimate:
-        args = {"quant": est.quant.id, "kv_dtype": est.kv_dtype, "flash_attn": est.flash_attn, **changes}
-        return predict(est.model, est.device, args["quant"], est.context, est.engine, prompt_tokens=est.prompt_tokens,
-                       batch=est.batch, engine_build=est.era.get("build"), kv_dtype=args["kv_dtype"],
-                       device_count=est.device_count, offload_fraction=est.offload_fraction,
-                       flash_attn=args["flash_attn"], n_ubatch=est.n_ubatch, coefficients=table or "default",
-                       host_bandwidth_gbs=est.host_bandwidth_gbs, launch=False)
-
     base_total = est.values["total_bytes"]
     items: list[tuple[str, str, Estimate]] = []
     current_kv = resolve_kv_dtype(est.kv_dtype, est.engine).bytes_per_element
@@ -214,13 +214,13 @@ def add_playbook_section(rep: Report, est: Estimate, table: Coefficients | None 
         if resolve_kv_dtype(kv, est.engine).bytes_per_element < current_kv:
             # llama.cpp quantizes the V cache only with flash attention
             items.append((f"{kv} KV cache", flag + (" --flash-attn on" if est.engine == "llama.cpp" else ""),
-                          variant(kv_dtype=kv, flash_attn=True if est.engine == "llama.cpp" else est.flash_attn)))
+                          repredict(est, table, kv_dtype=kv, flash_attn=True if est.engine == "llama.cpp" else est.flash_attn)))
     if est.engine == "llama.cpp":
         items.append(("flash attention " + ("off" if est.flash_attn else "on"),
-                      "--flash-attn " + ("off" if est.flash_attn else "on"), variant(flash_attn=not est.flash_attn)))
+                      "--flash-attn " + ("off" if est.flash_attn else "on"), repredict(est, table, flash_attn=not est.flash_attn)))
         if est.verdict not in ("fits", "tight") and est.quant.id in PLAYBOOK_QUANTS:
             for q in PLAYBOOK_QUANTS[PLAYBOOK_QUANTS.index(est.quant.id) + 1:]:
-                e = variant(quant=q)
+                e = repredict(est, table, quant=q)
                 items.append((f"{q} weights", f"the {q} file", e))
                 if e.verdict in ("fits", "tight"):
                     break
