@@ -12,7 +12,6 @@ from benchcal.reports.render import Report
 from predictor.architecture import ModelArch
 from predictor.coefficients import Coefficients
 from predictor.devices import Device, load_devices
-from predictor.engines import traits
 from predictor.estimate import predict
 from predictor.grid import sweep_scenario
 from predictor.load import predict_load
@@ -167,7 +166,3 @@ def cost_report(arch: ModelArch, quant: str, context: int, engine: str, *, table
     data["serverless_basis"] = basis
     rep.data = data
     return rep
-
-
-def default_quant(engine: str) -> str:
-    return traits(engine).leaderboard_quant
