@@ -116,6 +116,27 @@ for flag, values in (("--min-decode", ("-5", "inf", "nan", "x")), ("--budget", (
     for value in values:
         case(f"recommend {flag} {value}", [*R, flag, value])
 case("recommend unknown model", ["recommend", "--model", "nope", "--ctx", "8192"])
+FT = ["finetune", "--model", "llama-3-8b"]
+for flag in ("--seq", "--batch", "--lora-rank", "--gpus"):
+    for value in BAD_NUMBERS:
+        case(f"finetune {flag} {value}", [*FT, flag, value])
+for name, extra in [("unknown method", ["--method", "dora"]), ("unknown optimizer", ["--method", "lora", "--optimizer", "lion"]),
+                    ("unknown adapter dtype", ["--adapter-dtype", "fp8"]), ("cpu", ["--gpu", "cpu"]),
+                    ("unknown gpu", ["--gpu", "rtx-9090"])]:
+    case(f"finetune {name}", [*FT, *extra])
+case("finetune unknown model", ["finetune", "--model", "nope"])
+CO = ["cost", "--model", "llama-3-8b", "--gpu", "rtx-4090"]
+for flag in ("--ctx", "--prompt", "--concurrency", "--output-tokens", "--hours-per-day"):
+    for value in BAD_NUMBERS:
+        case(f"cost {flag} {value}", [*CO, flag, value])
+for flag in ("--usd-per-kwh", "--input-per-output"):
+    for value in ("-1", "nan", "inf", "abc"):
+        case(f"cost {flag} {value}", [*CO, flag, value])
+for name, extra in [("a day of 25 hours", ["--hours-per-day", "25"]), ("prompt beyond the context", ["--prompt", "9000"]),
+                    ("unknown engine", ["--engine", "tgi"]), ("unknown quant", ["--quant", "Q1_Z"])]:
+    case(f"cost {name}", [*CO, *extra])
+case("cost cpu", ["cost", "--model", "llama-3-8b", "--gpu", "cpu"])
+case("cost unknown gpu", ["cost", "--model", "llama-3-8b", "--gpu", "rtx-9090"])
 
 B = ["bench", "--gpu", "cpu", "--model", "smollm2-135m", "--runs-dir", "{runs}"]
 for flag in ("--ctx", "--reps", "--timeout", "--threads", "--requests"):
