@@ -22,6 +22,9 @@ from harness import records
 pytestmark = pytest.mark.engine
 
 SHORT_RUN = [*LONG_RUN[:LONG_RUN.index("--reps")], "--reps", "40", *LONG_RUN[LONG_RUN.index("--reps") + 2:]]
+# Long enough that the disk fills while the engine still measures: 40 repetitions of this model take about a second
+# on a fast host, less than the wait for the engine's log to show it measuring.
+FILL_RUN = [*LONG_RUN[:LONG_RUN.index("--reps")], "--reps", "400", *LONG_RUN[LONG_RUN.index("--reps") + 2:]]
 
 
 def _env(cache: Path) -> dict[str, str]:
@@ -94,16 +97,17 @@ def test_a_read_only_runs_dir_is_refused_before_anything_runs(tmp_path, tmpfs):
 
 def test_a_disk_that_fills_during_the_run_loses_no_measurement(tmp_path, tmp_path_factory, tmpfs):
     cache, runs = tmp_path_factory.getbasetemp() / "benchcal-cache", tmpfs(20 * 1024) / "runs"
-    proc = _bench(SHORT_RUN, runs, cache, tmp_path)
+    proc = _bench(FILL_RUN, runs, cache, tmp_path)
     try:
         engine_child(proc, cache)
-        with open(runs.parent / "filler", "wb") as filler:  # fill the disk while the engine measures
-            try:
-                while True:
-                    filler.write(b"\0" * 65536)
-                    filler.flush()
-            except OSError:
-                pass
+        # fill the disk while the engine measures, to the last page: what 64 KiB writes leave would hold a record
+        with open(runs.parent / "filler", "wb", buffering=0) as filler:
+            for chunk in (65536, 4096, 512, 1):
+                try:
+                    while True:
+                        filler.write(b"\0" * chunk)
+                except OSError:
+                    pass
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
