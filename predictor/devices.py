@@ -37,7 +37,8 @@ class Device:
     """One device. Memory in GiB, bandwidth in GB/s, compute in dense FP16 tensor TFLOPS.
 
     ``fp16_tflops`` is the FP16 tensor rate with FP32 accumulate; ``fp16_acc16_tflops`` the rate with FP16
-    accumulate, given only where it differs (GeForce cards: twice).
+    accumulate, given only where it differs (GeForce cards: twice). ``compute_units`` (SMs, CUs, Xe-cores) and
+    ``boost_clock_mhz`` size the machinery that keeps memory requests in flight (:attr:`bytes_per_unit_cycle`).
 
     ``bandwidth_gbs`` and ``fp16_tflops`` are None only where no public source gives the figure;
     ``notes`` then says so. ``usable_gib`` is set only where a documented rule caps what an engine
@@ -66,6 +67,16 @@ class Device:
     notes: dict[str, str] = field(default_factory=dict, hash=False)
     fp16_acc16_tflops: float | None = None  # dense FP16 tensor rate with FP16 accumulate, where it differs
     memory_node_gib: float | None = None  # a host CPU: the memory of the NUMA node its first CPU is on (vLLM's base)
+    compute_units: int | None = None  # streaming multiprocessors (NVIDIA), compute units (AMD), Xe-cores (Intel)
+    boost_clock_mhz: float | None = None  # the clock those units run at, boost
+
+    @property
+    def bytes_per_unit_cycle(self) -> float | None:
+        """Peak bandwidth per compute unit per clock cycle (bytes): what each SM must keep in flight, per cycle of
+        memory latency, for the kernels to reach the peak (None where the catalogue lacks a figure)."""
+        if not self.bandwidth_gbs or not self.compute_units or not self.boost_clock_mhz:
+            return None
+        return self.bandwidth_gbs * 1e3 / (self.compute_units * self.boost_clock_mhz)
 
     def matmul_tflops(self, engine: str) -> float | None:
         """The peak an engine's prefill matmuls run against: llama.cpp's CUDA kernels multiply in FP16 with
@@ -115,6 +126,7 @@ def _device_from_record(record: dict) -> Device:
         engines=tuple(record["engines"]), aliases=tuple(record["aliases"]),
         sources=dict(record["sources"]), notes=dict(record.get("notes", {})),
         fp16_acc16_tflops=_optional_float(record.get("fp16_acc16_tflops")),
+        compute_units=record.get("compute_units"), boost_clock_mhz=_optional_float(record.get("boost_clock_mhz")),
     )
     problems = _record_problems(device)
     if problems:
@@ -151,6 +163,16 @@ def _record_problems(device: Device) -> list[str]:
             problems.append("fp16_acc16_tflops must be positive and at least fp16_tflops")
         if "fp16_acc16_tflops" not in device.sources:
             problems.append("fp16_acc16_tflops has no source")
+    if (device.compute_units is None) != (device.boost_clock_mhz is None):
+        problems.append("compute_units and boost_clock_mhz go together")
+    if device.compute_units is not None:
+        if not isinstance(device.compute_units, int) or isinstance(device.compute_units, bool) or device.compute_units <= 0:
+            problems.append("compute_units must be a positive whole number")
+        if device.boost_clock_mhz is None or device.boost_clock_mhz <= 0:
+            problems.append("boost_clock_mhz must be positive")
+        for name in ("compute_units", "boost_clock_mhz"):
+            if name not in device.sources:
+                problems.append(f"{name} has no source")
     if device.usable_gib is not None and device.usable_gib > device.memory_gib:
         problems.append("usable_gib exceeds memory_gib")
     return problems

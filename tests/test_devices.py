@@ -237,3 +237,39 @@ def test_an_fp16_accumulate_rate_below_the_fp32_accumulate_rate_is_refused():
     record = {**record, "fp16_acc16_tflops": 100.0}
     with pytest.raises(ValueError, match="fp16_acc16_tflops"):
         dev._device_from_record(record)
+
+
+def test_compute_units_and_clocks_are_sourced_and_cover_the_discrete_gpus_with_a_public_figure():
+    listed = [d for d in load_devices() if d.compute_units is not None]
+    gpus = [d for d in load_devices() if d.kind == "gpu"]
+    assert len(listed) >= 60 and all(d.kind == "gpu" for d in listed)
+    # the discrete GPUs without a figure are the accelerators whose vendors publish no unit count and clock
+    assert {d.vendor for d in gpus if d.compute_units is None} <= {"huawei", "cambricon", "hygon", "metax", "kunlunxin",
+                                                                   "moorethreads", "intel", "nvidia"}
+    for d in listed:
+        assert d.sources["compute_units"].startswith("https://") and "compute_units" in d.notes, d.id
+        assert d.boost_clock_mhz and 900 <= d.boost_clock_mhz <= 3200, d.id
+
+
+@pytest.mark.parametrize(("device_id", "units", "mhz", "bytes_per_cycle"), [
+    ("a100-sxm-80gb", 108, 1410, 13.39),  # 2,039 GB/s over 108 SMs at 1.41 GHz
+    ("v100-pcie-16gb", 80, 1380, 8.15),
+    ("rtx-4090", 128, 2520, 3.12),
+])
+def test_bytes_per_unit_cycle_is_the_peak_bandwidth_each_sm_must_carry(device_id, units, mhz, bytes_per_cycle):
+    d = resolve_device(device_id)
+    assert (d.compute_units, d.boost_clock_mhz) == (units, mhz)
+    assert d.bytes_per_unit_cycle == pytest.approx(bytes_per_cycle, abs=0.01)
+    assert resolve_device("ascend-910b").bytes_per_unit_cycle is None  # no figure: no ratio
+
+
+@pytest.mark.parametrize("change", [{"compute_units": 108.5}, {"compute_units": 0}, {"boost_clock_mhz": None},
+                                    {"sources_drop": "compute_units"}])
+def test_a_unit_count_that_is_not_whole_positive_paired_and_sourced_is_refused(change):
+    record = json.loads(json.dumps(next(r for r in json.loads(dev.DEVICES_PATH.read_text()) if r["id"] == "a100-sxm-80gb")))
+    if "sources_drop" in change:
+        del record["sources"][change["sources_drop"]]
+    else:
+        record.update(change)
+    with pytest.raises(ValueError, match="compute_units|boost_clock_mhz"):
+        dev._device_from_record(record)
