@@ -51,6 +51,16 @@ def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
                                           "devices": sorted(d for d, _ in items)}
                                     for cls, items in sorted(classes.items()) if len(items) >= 2},
                 "rule": "median of the measured devices of the same memory class (two or more), else of all"}
+        units = [(d, dev.bytes_per_unit_cycle, value) for d, dev, value in bw if dev.bytes_per_unit_cycle]
+        if len(units) >= MIN_PRIOR_DEVICES:
+            cap, per_cycle = fit_unit_limit([b for _, b, _ in units], [v for _, _, v in units])
+            entry.setdefault("decode_bw_efficiency", {})["unit_limit"] = {
+                "cap": rounded(cap), "bytes_per_cycle": rounded(per_cycle),
+                "bytes_per_unit_cycle_range": [rounded(min(b for _, b, _ in units)), rounded(max(b for _, b, _ in units))],
+                "devices": sorted(d for d, _, _ in units),
+                "rule": "min(cap, bytes_per_cycle / b), b = the device's peak bandwidth per compute unit per clock cycle "
+                        "(bytes): least squares in log space over the measured devices, bytes_per_cycle the smallest "
+                        "the fit allows; a device without unit and clock figures takes its memory class's median"}
         if len(fl) >= MIN_PRIOR_DEVICES:
             x = np.array([r for _, _, r in fl])
             y = np.array([v for _, v, _ in fl])
@@ -66,6 +76,23 @@ def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
         if entry:
             out.setdefault("kinds", {})[kind] = entry
     return out
+
+
+def fit_unit_limit(bytes_per_unit_cycle: list[float], efficiencies: list[float]) -> tuple[float, float]:
+    """(cap, bytes per cycle) of ``efficiency = min(cap, bytes_per_cycle / b)`` fitted to measured devices by least
+    squares on log efficiency, over a grid (cap 0.30-1.00 by 0.005, bytes per cycle 0.5-40 by 0.01); of the
+    values within rounding of the best fit, the smallest bytes per cycle: where no measured device is limited,
+    the largest limit none of them contradicts (each one's efficiency at the cap)."""
+    b = np.asarray(bytes_per_unit_cycle, float)
+    y = np.log(np.asarray(efficiencies, float))
+    caps = np.arange(0.30, 1.0 + 1e-9, 0.005)
+    per_cycle = np.arange(0.5, 40.0 + 1e-9, 0.01)
+    pred = np.minimum(np.log(caps)[:, None, None], np.log(per_cycle[None, :, None] / b[None, None, :]))
+    loss = np.sum((y[None, None, :] - pred) ** 2, axis=2)
+    near = loss <= loss.min() + 1e-9
+    j = int(np.argmax(near.any(axis=0)))  # the smallest bytes per cycle among the best fits
+    i = int(np.argmin(np.where(near[:, j], loss[:, j], np.inf)))
+    return float(caps[i]), float(per_cycle[j])
 
 
 MIN_ERA_DEVICES = 2  # an era's values describe its kernels, not one device: fitted from two devices or more

@@ -157,7 +157,7 @@ class Coefficients:
             from predictor.prior import prior_values
 
             prior = prior_values(physics, getattr(device, "memory_type", None), device.matmul_tflops(engine),
-                                 getattr(device, "bandwidth_gbs", None))
+                                 getattr(device, "bandwidth_gbs", None), getattr(device, "bytes_per_unit_cycle", None))
             values.update(prior)
             origin.update({name: f"prior:physics/{kind}" for name in prior})
             for name in prior:

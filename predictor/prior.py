@@ -5,10 +5,16 @@ scope, an average over whatever GPUs were measured. Two coefficients follow the 
 measured devices, and the prior predicts them from those figures instead
 (``calibration.overlays.fit_physics_prior`` fits it per device kind; ``engines.<engine>.physics`` in the table):
 
-- ``decode_bw_efficiency``: the share of peak bandwidth the decode kernels reach depends on the memory system.
-  llama.cpp's batch-1 kernels keep too few bytes in flight to fill HBM stacks (A100, H100: 0.5-0.67 of peak)
-  while GDDR and LPDDR parts reach 0.8-1.0. Prior: the median over the measured devices of the same memory
-  class (:func:`memory_class`), else over all devices of the kind.
+- ``decode_bw_efficiency``: the share of peak bandwidth the decode kernels reach is capped by what each compute
+  unit keeps in flight. By Little's law a GPU sustains at most (bytes in flight per SM) / (latency) per SM, so a
+  kernel whose SMs can each keep ``c`` bytes moving per clock cycle reaches ``c x SMs x clock``: a device whose peak
+  needs more bytes per SM per cycle (``Device.bytes_per_unit_cycle``: A100 13.4, H100 PCIe 10.0, V100 8.2, RTX 4090
+  3.1) cannot reach its peak with llama.cpp's batch-1 kernels (A100, H100: 0.5-0.67 of peak) while the GDDR cards,
+  with more SMs per byte, reach 0.8-1.0. Prior: ``min(cap, c / b)``, ``b`` the device's bytes per unit per cycle,
+  ``cap`` and ``c`` fitted by least squares in log space over the kind's measured devices, ``c`` the smallest value
+  the fit allows (a kind none of whose measured devices is limited gives the largest ``c`` none of them
+  contradicts). A device without unit and clock figures takes the median of the measured devices of its memory
+  class (:func:`memory_class`), else of all devices of the kind.
 - ``prefill_compute_efficiency``: the share of the matmul peak prefill reaches falls as the device's ratio of
   FLOPS to bandwidth rises (the quantized tiles must still be read and unpacked). Prior: ``exp(a + b *
   ln(TFLOPS / (GB/s)))``, least squares in log space over the kind's measured devices, the slope at most 0
@@ -45,14 +51,25 @@ def flops_per_byte(tflops: float | None, bandwidth_gbs: float | None) -> float |
     return float(tflops) / float(bandwidth_gbs)
 
 
+def unit_limited_efficiency(cap: float, bytes_per_cycle: float, bytes_per_unit_cycle: float) -> float:
+    """The bandwidth efficiency a device reaches when each compute unit moves at most ``bytes_per_cycle`` bytes
+    per clock cycle: ``min(cap, bytes_per_cycle / bytes_per_unit_cycle)`` (the device's peak needs
+    ``bytes_per_unit_cycle``)."""
+    return min(float(cap), float(bytes_per_cycle) / float(bytes_per_unit_cycle))
+
+
 def prior_values(entry: Mapping[str, Any], memory_type: str | None, tflops: float | None,
-                 bandwidth_gbs: float | None) -> dict[str, float]:
+                 bandwidth_gbs: float | None, bytes_per_unit_cycle: float | None = None) -> dict[str, float]:
     """The prior's values for one device from a kind's ``physics`` entry (empty where it has no figure)."""
     out: dict[str, float] = {}
     bw = entry.get("decode_bw_efficiency") or {}
+    limit = bw.get("unit_limit") or {}
     by_class = bw.get("by_memory_class") or {}
     cls = by_class.get(memory_class(memory_type)) or bw.get("all")
-    if isinstance(cls, Mapping) and cls.get("value") is not None:
+    if limit.get("cap") is not None and bytes_per_unit_cycle:
+        out["decode_bw_efficiency"] = unit_limited_efficiency(limit["cap"], limit["bytes_per_cycle"],
+                                                              bytes_per_unit_cycle)
+    elif isinstance(cls, Mapping) and cls.get("value") is not None:
         out["decode_bw_efficiency"] = float(cls["value"])
     fl = entry.get("prefill_compute_efficiency") or {}
     ratio = flops_per_byte(tflops, bandwidth_gbs)

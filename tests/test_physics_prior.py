@@ -9,7 +9,8 @@ import pytest
 from predictor.coefficients import default_coefficients_path, load_coefficients
 from predictor.devices import resolve_device
 from predictor.estimate import predict
-from predictor.prior import flops_per_byte, memory_class, prior_values
+from calibration.overlays import fit_unit_limit
+from predictor.prior import flops_per_byte, memory_class, prior_values, unit_limited_efficiency
 
 ENTRY = {"decode_bw_efficiency": {"all": {"value": 0.9}, "by_memory_class": {"hbm": {"value": 0.5},
                                                                              "gddr": {"value": 0.93}}},
@@ -32,6 +33,26 @@ def test_the_prior_takes_the_memory_class_and_never_extrapolates_the_ratio():
     assert other["decode_bw_efficiency"] == 0.9  # no measured class: all devices
     assert other["prefill_compute_efficiency"] == pytest.approx(0.3 * 0.4 ** -0.25)
     assert "prefill_compute_efficiency" not in prior_values(ENTRY, "HBM3", None, 2000.0)
+
+
+def test_the_unit_limit_caps_the_efficiency_of_a_device_whose_sms_cannot_carry_its_bandwidth():
+    entry = {"decode_bw_efficiency": {**ENTRY["decode_bw_efficiency"],
+                                      "unit_limit": {"cap": 0.9, "bytes_per_cycle": 7.0}}}
+    assert prior_values(entry, "HBM2e", None, 2039.0, 13.4)["decode_bw_efficiency"] == pytest.approx(7.0 / 13.4)
+    assert prior_values(entry, "GDDR6X", None, 1008.0, 3.1)["decode_bw_efficiency"] == 0.9  # below the limit: cap
+    # no unit and clock figures: the memory class's median, as before
+    assert prior_values(entry, "HBM3", None, 4000.0, None)["decode_bw_efficiency"] == 0.5
+    assert unit_limited_efficiency(0.9, 7.0, 20.0) == pytest.approx(0.35)
+
+
+def test_the_unit_limit_fit_recovers_cap_and_limit_and_otherwise_takes_the_largest_limit_not_contradicted():
+    b = [2.3, 3.1, 3.8, 5.1, 6.7, 10.0, 13.4]
+    eff = [unit_limited_efficiency(0.92, 6.8, x) for x in b]
+    cap, per_cycle = fit_unit_limit(b, eff)
+    assert cap == pytest.approx(0.92, abs=0.006) and per_cycle == pytest.approx(6.8, abs=0.02)
+    # no device limited: the smallest limit that leaves every one of them at the cap (here 0.92 x 6.7)
+    cap, per_cycle = fit_unit_limit(b[:5], [0.92] * 5)
+    assert cap == pytest.approx(0.92, abs=0.006) and per_cycle == pytest.approx(0.92 * 6.7, abs=0.05)
 
 
 @pytest.fixture(scope="module")
