@@ -46,7 +46,7 @@ PREFILL_ITERATIONS = 12
 BOUNDS: dict[str, tuple[float, float]] = {c.name: c.bounds for c in REGISTRY.values() if c.bounds is not None}
 CPU_UPPER = {c.name: c.cpu_upper for c in REGISTRY.values() if c.cpu_upper is not None}
 # When the design is degenerate, drop these first (kept last: the efficiencies, the physics).
-DROP_ORDER = ("decode_kquant_flops_per_weight", "decode_fixed_per_layer_us", "decode_kv_efficiency", "decode_kv_reread", "decode_generic_flops_per_byte",
+DROP_ORDER = ("decode_kquant_flops_per_weight", "decode_fixed_per_layer_us", "decode_moe_per_layer_us", "decode_kv_efficiency", "decode_kv_reread", "decode_generic_flops_per_byte",
               "decode_dequant_flops_per_byte",
               "host_bw_efficiency", "prefill_unpack_flops_per_weight", "prefill_generic_flops_per_weight",
               "prefill_q8_flops_per_weight",

@@ -127,6 +127,7 @@ class ModelArch:
     # were converted with where it differs from the config's (Qwen pads 29,568 to 29,696 so K-quants apply).
     gguf_repo: str | None = None
     gguf_intermediate_size: int | None = None
+    num_moe_layers: int = 0  # layers whose MLP is a routed mixture of experts (router, top-k, expert matmuls)
 
     @property
     def native_max_context(self) -> int:
@@ -433,7 +434,7 @@ def from_hf_config(cfg: dict, *, id: str, name: str | None = None, hf_id: str | 
         kv_elements_per_token_window=n_window * kv_per_layer, sliding_window=window,
         attn_flops_per_position_full=(layers - n_window) * flops_per_layer,
         attn_flops_per_position_window=n_window * flops_per_layer,
-        num_experts=num_experts, experts_per_token=experts_per_token,
+        num_experts=num_experts, experts_per_token=experts_per_token, num_moe_layers=n_moe,
         params_total=total, params_active=active, params_embedding=embedding, params_output=output,
         params_expert=expert_params, published_params_b=published_params_b,
         published_params_source=published_params_source, weights_bytes_exact=weights_bytes_exact,

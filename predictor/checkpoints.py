@@ -246,6 +246,7 @@ def from_gguf(path: str | Path) -> ModelArch:
         attn_flops_per_position_full=(layers - n_window) * flops_per_layer,
         attn_flops_per_position_window=n_window * flops_per_layer,
         num_experts=num_experts, experts_per_token=k,
+        num_moe_layers=len({t.name.split(".")[1] for t in tensors if "_exps." in t.name and t.name.startswith("blk.")}),
         params_total=total, params_active=total - embedding - unselected + (embedding if tied else 0),
         params_embedding=embedding, params_output=output, params_expert=expert,
         published_params_b=None, published_params_source=None,

@@ -71,6 +71,16 @@ _COEFFICIENTS: tuple[Coefficient, ...] = (
         bounds=(0.0, 10000.0),
     ),
     Coefficient(
+        name="decode_moe_per_layer_us",
+        unit="us/MoE layer",
+        meaning='fixed time per decode step per mixture-of-experts layer beyond a dense layer\'s, microseconds: the router matmul, its softmax and top-k selection, the expert matmuls by id (mul_mat_id) and the weighted sum of their outputs are more kernels, each with its launch and synchronisation, than a dense MLP',
+        defaults={
+            "llama.cpp": (0.0, 'uncalibrated: an MoE layer is timed as a dense one, as the public calculators assume'),
+            "vllm": (0.0, 'uncalibrated: an MoE layer is timed as a dense one'),
+        },
+        bounds=(0.0, 10000.0),
+    ),
+    Coefficient(
         name="decode_bw_efficiency",
         unit="of peak BW",
         meaning='achieved / peak memory bandwidth while streaming the weights, 0-1',
@@ -339,7 +349,7 @@ REGISTRY: dict[str, Coefficient] = {c.name: c for c in _COEFFICIENTS}
 COEFFICIENT_NAMES: tuple[str, ...] = tuple(REGISTRY)
 # The fitted terms of each quantity, in the order of the fit's design columns (calibration.features).
 FIT_TERMS: dict[str, tuple[str, ...]] = {
-    "decode": ('decode_fixed_ms', 'decode_fixed_per_layer_us', 'decode_bw_efficiency', 'decode_kv_efficiency', 'decode_kv_reread', 'decode_dequant_flops_per_byte', 'decode_generic_flops_per_byte', 'decode_kquant_flops_per_weight', 'host_bw_efficiency'),
+    "decode": ('decode_fixed_ms', 'decode_fixed_per_layer_us', 'decode_bw_efficiency', 'decode_kv_efficiency', 'decode_kv_reread', 'decode_moe_per_layer_us', 'decode_dequant_flops_per_byte', 'decode_generic_flops_per_byte', 'decode_kquant_flops_per_weight', 'host_bw_efficiency'),
     "prefill": ('prefill_fixed_ms', 'decode_bw_efficiency', 'prefill_compute_efficiency', 'prefill_f16_efficiency', 'prefill_attn_efficiency', 'prefill_scores_efficiency', 'prefill_dequant_bytes_per_weight', 'prefill_unpack_flops_per_weight', 'prefill_generic_flops_per_weight', 'prefill_q8_flops_per_weight'),
     "memory": ('runtime_fixed_gib', 'compute_buffer_scale'),
 }

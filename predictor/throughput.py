@@ -1,6 +1,6 @@
 """Throughput formulas: decode step time, prefill time, TTFT.
 
-Decode: time per step = fixed + per-layer fixed * L + weight bytes / (eta_bw * BW)
+Decode: time per step = fixed + per-layer fixed * L + per MoE layer fixed * L_moe + weight bytes / (eta_bw * BW)
 + KV bytes / (eta_kv * BW) + KV bytes * (reads - 1) * kv_reread / BW + quantized bytes * ops per byte / FLOPS
 (unified-memory GPUs and the CPU, whose ALUs unpack weights at a rate close to their bandwidth:
 ``estimate.evaluate``) + on discrete GPUs, weights in low-bit K-quants (Q2_K, Q3_K) * ops per weight / FLOPS, where the weights are the active ones (a batch of B sequences reads them once per step),
@@ -108,7 +108,7 @@ def decode_step_seconds(
     )
     # A fitted offset may be negative next to a per-layer term; the total never is.
     t_fixed = np.maximum(coeffs["decode_fixed_ms"] * 1e-3 + coeffs["decode_fixed_per_layer_us"] * 1e-6 * arch.num_layers,
-                         0.0)
+                         0.0) + coeffs["decode_moe_per_layer_us"] * 1e-6 * arch.num_moe_layers
     t_comm = np.where(n > 1, 2.0 * arch.num_layers * coeffs["tp_allreduce_us"] * 1e-6, 0.0) if tensor_parallel else 0.0
     t_dequant = 0.0
     if tflops is not None:

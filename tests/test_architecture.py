@@ -128,6 +128,14 @@ def test_moe_active_params_count_k_of_e_experts():
     assert arch.params_active_published_style == pytest.approx(12.9e9, rel=0.01)
 
 
+@pytest.mark.parametrize(("model", "layers", "moe_layers"), [
+    ("gpt-oss-20b", 24, 24), ("qwen3-30b-a3b", 48, 48), ("deepseek-v3", 61, 58),  # DeepSeek: 3 dense layers first
+    ("mixtral-8x7b", 32, 32), ("llama-3.1-8b", 32, 0)])
+def test_moe_layers_are_counted_from_the_config(model, layers, moe_layers):
+    arch = resolve_model(model)
+    assert (arch.num_layers, arch.num_moe_layers) == (layers, moe_layers)
+
+
 def test_qwen2_counts_qkv_biases_and_qwen3_counts_qk_norms():
     qwen2 = from_hf_config(catalogue_config("qwen2.5-7b"), id="a", source="t")
     as_llama = from_hf_config({**catalogue_config("qwen2.5-7b"), "model_type": "llama"}, id="b", source="t")
@@ -259,6 +267,7 @@ def test_gguf_moe_and_sliding_window_metadata(tmp_path):
     assert arch.kv_elements_per_token_full == 2 * 32 and arch.kv_elements_per_token_window == 10 * 32
     assert arch.params_expert == 4 * 64 * 32
     assert arch.params_active == arch.params_total - 100 * 32 - arch.params_expert // 2 + 100 * 32
+    assert arch.num_moe_layers == 1  # the blocks holding expert tensors
 
 
 def test_unreadable_gguf_raises_benchcal_error(tmp_path):

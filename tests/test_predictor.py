@@ -361,3 +361,15 @@ def test_low_bit_k_quants_cost_unpacking_work_on_a_discrete_gpu():
     assert extra == pytest.approx(params * low_bit_kquant_share(llama, "Q2_K") * 60.0 / 330e12, rel=0.2)
     assert decode("Q4_K_M", 60.0) == decode("Q4_K_M", 0.0)  # only the low-bit K-quants
     assert decode("Q2_K", 60.0, "mac-studio-m2-ultra-192gb") == decode("Q2_K", 0.0, "mac-studio-m2-ultra-192gb")
+
+
+def test_a_mixture_of_experts_layer_costs_its_own_fixed_time_per_decode_step():
+    def table(us: float) -> Coefficients:
+        return Coefficients({"engines": {"llama.cpp": {"default": {
+            "decode_moe_per_layer_us": {"value": us, "identified": True}}}}})
+
+    for arch in (resolve_model("gpt-oss-20b"), resolve_model("llama-3.1-8b")):  # 24 MoE layers; none
+        without = predict(arch, "rtx-4090", "Q4_K_M", 4096, "llama.cpp", coefficients=table(0.0), launch=False)
+        with_term = predict(arch, "rtx-4090", "Q4_K_M", 4096, "llama.cpp", coefficients=table(50.0), launch=False)
+        step = float(with_term.values["decode_step_s"]) - float(without.values["decode_step_s"])
+        assert step == pytest.approx(50e-6 * arch.num_moe_layers, rel=1e-6, abs=1e-12), arch.id
