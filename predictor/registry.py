@@ -45,7 +45,9 @@ _REREAD = "uncalibrated: every re-read of a K/V row by another query head of its
 _DEQUANT = 'uncalibrated: decode is taken as purely bandwidth bound, as the public calculators assume'
 _GENERIC = 'uncalibrated: every CPU matmul format taken at one compute efficiency'
 _UNPACK = 'not fitted engine-wide: prefill on a unified-memory GPU is taken as purely matmul bound unless its device or family was measured'
-_SCORES = 'uncalibrated: the f32 scores are written, read by the softmax, written and read again: four passes at peak bandwidth'
+_SCORES = ('physics: each score moves 26 bytes at peak bandwidth (llama.cpp without flash attention: the KQ product '
+           'written in FP16 and converted to F32, read with the mask by the softmax and written, converted to FP16 '
+           'for the KQV product and read by it), 4 / 26 of the 4-byte write the term counts')
 _F16 = "uncalibrated: the host matmul probe is llama.cpp's own F16 prefill (harness.hostbench), so F16 weights run at its rate"
 _DESIGN = 'uncalibrated: a CUDA context and allocator pools take about 100-600 MiB depending on the GPU'
 
@@ -244,8 +246,8 @@ _COEFFICIENTS: tuple[Coefficient, ...] = (
         unit="of peak BW",
         meaning='achieved / peak bandwidth writing the f32 attention scores once, 0-1 (llama.cpp without flash attention: the scores go through memory several times)',
         defaults={
-            "llama.cpp": (0.25, _SCORES),
-            "vllm": (0.25, _SCORES),
+            "llama.cpp": (0.154, _SCORES),
+            "vllm": (0.154, _SCORES),
         },
         bounds=(0.005, 1.0),
         inverse=True,
