@@ -89,6 +89,12 @@ def _bootstrap_std(block: Block, rows: np.ndarray, start: np.ndarray, chosen: li
 # only on unified-memory GPUs (four dense pp2048 rows of a DGX Spark and an M3 Ultra, where attention is a few
 # percent of the time), says nothing of a discrete GPU's attention kernels and would sit at its bound.
 ENGINE_HELD = ("prefill_unpack_flops_per_weight", "prefill_attn_efficiency")
+# The KV cache's read is told apart from the step's fixed time and the weights only by runs that read a long cache:
+# a scope whose decode runs all read fewer tokens than this keeps its parent's KV terms (fitted from runs at 64
+# tokens, where the read is a fraction of a percent of the step, a family's KV efficiency came out at 0.07 of peak
+# bandwidth, which then ruled its every prediction at long context).
+LONG_CONTEXT = 1024
+KV_TERMS = ("decode_kv_efficiency", "decode_kv_reread")
 
 
 def fit_scope_quantity(block: Block, mask: np.ndarray, parent: dict[str, float], *, n_boot: int,
@@ -101,6 +107,8 @@ def fit_scope_quantity(block: Block, mask: np.ndarray, parent: dict[str, float],
     held = ("decode_bw_efficiency",) if block.quantity == "prefill" else ()
     if block.quantity == "prefill" and scope_label == "engine default":
         held += ENGINE_HELD
+    if block.quantity == "decode" and np.nanmax(block.meta["decode_context"].to_numpy(dtype=float)[rows]) < LONG_CONTEXT:
+        held += KV_TERMS
     cpu = bool(np.all(block.meta["kind"].to_numpy()[rows] == "cpu"))
     start = np.array([float(t.weight(parent[t.name])) for t in terms])
     fit = TermRegressor(start, cpu=cpu, held=held).fit(block.features.take(rows), block.y[rows])

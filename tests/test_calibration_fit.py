@@ -252,3 +252,21 @@ def test_the_kv_first_read_is_fitted_only_where_some_run_reads_each_row_once():
         "decode_kv_efficiency",)
     x[3, reread] = 0.0  # a flash-attention run
     assert _told_apart_nowhere(Features("decode", terms, np.zeros(4), x, np.ones(4, bool)), rows, y) == ()
+
+
+def test_a_scope_whose_runs_all_read_a_short_cache_keeps_its_parents_kv_terms():
+    # Fitted from tg128 rows at 64 tokens of context, the KV read is a fraction of a percent of a step: a family
+    # fitted on such runs alone (the Blackwell cards' gpt-oss and RTX PRO 6000 rows) keeps the engine's KV terms.
+    from calibration.table import LONG_CONTEXT
+    from predictor.coefficients import default_coefficients_path
+
+    table = json.loads(default_coefficients_path().read_text())
+    eng = table["engines"]["llama.cpp"]
+    blackwell = eng["families"]["gddr7/blackwell"]
+    for name in ("decode_kv_efficiency", "decode_kv_reread"):
+        assert name not in blackwell or not blackwell[name]["identified"], name
+    assert eng["default"]["decode_kv_efficiency"]["identified"]  # the engine scope has long-context runs
+    dataset = load_dataset(["runs"])
+    meta = dataset.blocks["decode"].meta
+    rows = (meta["family"] == "gddr7/blackwell").to_numpy()
+    assert rows.any() and meta.loc[rows, "decode_context"].max() < LONG_CONTEXT
