@@ -95,7 +95,7 @@ def fit_unit_limit(bytes_per_unit_cycle: list[float], efficiencies: list[float])
     return float(caps[i]), float(per_cycle[j])
 
 
-MIN_ERA_DEVICES = 2  # an era's values describe its kernels, not one device: fitted from two devices or more
+MIN_ERA_DEVICES = 3  # an era's values describe its kernels, not one or two devices: fitted from three or more
 
 
 def _mape(predicted: np.ndarray, actual: np.ndarray) -> float:
@@ -154,10 +154,12 @@ def fit_era_overlays(dataset: Dataset, table: dict[str, Any], engine: str,
                 fitted, err = _fit_era_terms(block, rows, pooled, names)
                 if fitted:
                     entry.update(fitted)
-                    errors[quantity] = err
-            kept = {q: e for q, e in errors.items() if e["era"] < e["pooled"]}
+                    errors[quantity] = {**err, **_cross_era_errors(block, rows_of[quantity], era.id, pooled, fitted)}
+            kept = {q: e for q, e in errors.items() if _era_kept(e)}
             checks += [{"kind": kind, "era": era.id, "quantity": q, "fallback_mape": e["pooled"],
-                        "era_mape": e["era"], "kept": q in kept,
+                        "era_mape": e["era"], **{k: e[k] for k in ("cross_era_without", "cross_era_with",
+                                                                   "cross_era_devices") if k in e},
+                        "kept": q in kept,
                         "devices": sorted({d for item in entry.values() if item["quantity"] == q
                                            for d in item["devices"]})} for q, e in errors.items()]
             entry = {n: item for n, item in entry.items() if item["quantity"] in kept}
@@ -167,18 +169,87 @@ def fit_era_overlays(dataset: Dataset, table: dict[str, Any], engine: str,
     return out, checks
 
 
+def _era_kept(errors: dict[str, Any]) -> bool:
+    """Whether an era's values are kept: where devices measured on this era's builds and on others exist, their
+    runs of this era predicted from their other runs must come closer with the era's values than without
+    (:func:`_cross_era_errors`: what the overlay is for, a device measured on other builds); else, the era's
+    runs must come closer than with the pooled table."""
+    if "cross_era_with" in errors:
+        return errors["cross_era_with"] < errors["cross_era_without"]
+    return errors["era"] < errors["pooled"]
+
+
+def _cross_era_errors(block: Block, mask: np.ndarray, era_id: str, pooled: Coefficients,
+                      fitted: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """For each device with runs of this era and of another: its scope fitted on its other runs alone (from its
+    family's or the engine's values, as the table fits it), then its runs of this era predicted with that scope
+    as it is and with the era's values in place of its era terms. Returns the MAPEs of both over those runs and
+    the devices (empty where no device was measured on both)."""
+    from calibration.dataset import row_coefficient_sets, weights_for
+    from calibration.features import combine
+
+    meta = block.meta
+    era = np.asarray([e if isinstance(e, str) else "" for e in meta["era"].to_numpy()], dtype=object)
+    devices = meta["device_id"].to_numpy()
+    in_era, other = mask & (era == era_id), mask & (era != era_id) & (era != "")
+    terms = block.features.terms
+    names = [t.name for t in terms]
+    overlay = {names.index(n): float(terms[names.index(n)].weight(item["value"])) for n, item in fitted.items()}
+    actual, without, with_era, used = [], [], [], []
+    for device in sorted(set(devices[in_era]) & set(devices[other])):
+        train = np.flatnonzero(other & (devices == device))
+        test = np.flatnonzero(in_era & (devices == device))
+        start = weights_for(block, row_coefficient_sets(meta.iloc[train[:1]].assign(device_id="\0none"), pooled,
+                                                        eras=False))[0]
+        if len(train) < 3 or not np.all(np.isfinite(start)):
+            continue
+        cpu = bool(np.all(meta["kind"].to_numpy()[train] == "cpu"))
+        held = ("decode_bw_efficiency",) if block.quantity == "prefill" else ()
+        fit = TermRegressor(start, cpu=cpu, held=held).fit(block.features.take(train), block.y[train])
+        own = np.tile(fit.coef_, (len(test), 1))
+        era_weights = own.copy()
+        for j, w in overlay.items():
+            era_weights[:, j] = w
+        plain = block.features.take(test)
+        actual.append(block.y[test])
+        without.append(combine(plain, own))
+        with_era.append(combine(plain, era_weights))
+        used.append(device)
+    if not used:
+        return {}
+    y = np.concatenate(actual)
+    return {"cross_era_without": rounded(_mape(np.concatenate(without), y)),
+            "cross_era_with": rounded(_mape(np.concatenate(with_era), y)), "cross_era_devices": used}
+
+
 def _fit_era_terms(block: Block, rows: np.ndarray, pooled: Coefficients,
                    names: tuple[str, ...]) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
     """Fit the era terms of one quantity on ``rows``, the others held per row at the values a device nobody
     measured gets (its family, else the engine scope); (entries, in-era MAPEs of that fallback without and with
     the era's values)."""
-    from calibration.dataset import row_coefficient_sets, weights_for
-    from calibration.features import combine
 
     terms = block.features.terms
     free = [j for j, t in enumerate(terms) if t.name in names]
     if len(rows) < 3 or not free:
         return {}, {}
+    entries, errors = _fit_era_free(block, rows, pooled, free)
+    term_names = [t.name for t in terms]
+    if ("decode_fixed_per_layer_us" in names and "decode_fixed_per_layer_us" not in entries
+            and "decode_fixed_ms" in names and block.quantity == "decode"):
+        # Runs of similar depth cannot tell a fixed time per step from one per layer; the era's change (CUDA
+        # graphs: fewer, cheaper launches) is per kernel, so per layer: fit that, the step's fixed time held at
+        # what a device nobody measured gets.
+        entries, errors = _fit_era_free(block, rows, pooled, [j for j in free if term_names[j] != "decode_fixed_ms"])
+    return entries, errors
+
+
+def _fit_era_free(block: Block, rows: np.ndarray, pooled: Coefficients,
+                  free: list[int]) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
+    """:func:`_fit_era_terms` with the terms at positions ``free`` fitted, every other one held per run."""
+    from calibration.dataset import row_coefficient_sets, weights_for
+    from calibration.features import combine
+
+    terms = block.features.terms
     # what a device nobody measured gets: its family's (else the engine's) pooled values, no era overlay
     sets = row_coefficient_sets(block.meta.iloc[rows].assign(device_id="\0none"), pooled, eras=False)
     weights = weights_for(block, sets)  # (len(rows), terms): the pooled fallback's weights per run
