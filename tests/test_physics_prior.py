@@ -6,10 +6,10 @@ import math
 
 import pytest
 
+from calibration.overlays import fit_unit_limit
 from predictor.coefficients import default_coefficients_path, load_coefficients
 from predictor.devices import resolve_device
 from predictor.estimate import predict
-from calibration.overlays import fit_unit_limit
 from predictor.prior import flops_per_byte, memory_class, prior_values, unit_limited_efficiency
 
 ENTRY = {"decode_bw_efficiency": {"all": {"value": 0.9}, "by_memory_class": {"hbm": {"value": 0.5},
@@ -60,11 +60,14 @@ def shipped():
     return load_coefficients(default_coefficients_path())
 
 
-def test_the_shipped_prior_separates_hbm_from_gddr_and_states_its_band(shipped):
+def test_the_shipped_prior_limits_the_bytes_each_sm_carries_and_states_its_band(shipped):
     entry = shipped.table["engines"]["llama.cpp"]["physics"]["kinds"]["gpu"]
     classes = entry["decode_bw_efficiency"]["by_memory_class"]
     assert classes["hbm"]["value"] < classes["gddr"]["value"]
     assert set(classes["hbm"]["devices"]) <= {"a100-pcie-80gb", "a100-sxm-80gb", "h100-pcie", "v100-pcie-16gb"}
+    limit = entry["decode_bw_efficiency"]["unit_limit"]
+    assert 0.8 <= limit["cap"] <= 1.0 and 5.0 <= limit["bytes_per_cycle"] <= 9.0  # A100s and the H100 bind: ~6.7
+    assert {"a100-sxm-80gb", "h100-pcie", "rtx-4090"} <= set(limit["devices"])
     assert entry["prefill_compute_efficiency"]["log_slope"] <= 0
     assert entry["error_band"]["decode"] > 0 and "LOFO" in entry["error_band_source"]
 
@@ -72,9 +75,11 @@ def test_the_shipped_prior_separates_hbm_from_gddr_and_states_its_band(shipped):
 def test_a_device_of_an_unmeasured_family_takes_the_prior_and_a_measured_one_does_not(shipped):
     h200 = resolve_device("h200-sxm")  # hbm3e/hopper: no run, no measured family
     cset = shipped.lookup("llama.cpp", h200.id, h200.family, None, h200.kind, h200)
-    hbm = shipped.table["engines"]["llama.cpp"]["physics"]["kinds"]["gpu"]["decode_bw_efficiency"]
+    limit = shipped.table["engines"]["llama.cpp"]["physics"]["kinds"]["gpu"]["decode_bw_efficiency"]["unit_limit"]
     assert cset.scope == "prior:physics/gpu"
-    assert cset["decode_bw_efficiency"] == hbm["by_memory_class"]["hbm"]["value"]
+    # 4,800 GB/s over 132 SMs at 1.98 GHz: 18.4 bytes per SM per cycle, beyond what the measured SMs carried
+    assert cset["decode_bw_efficiency"] == pytest.approx(limit["bytes_per_cycle"] / h200.bytes_per_unit_cycle)
+    assert cset["decode_bw_efficiency"] < limit["cap"]
     assert cset.origin["decode_bw_efficiency"] == "prior:physics/gpu" and "LOFO" in cset.band_source
     assert "physics prior" in cset.source_of("decode_bw_efficiency")
     rtx = resolve_device("rtx-4090")
