@@ -20,14 +20,12 @@ plain attributes) over a :class:`calibration.features.Features` block.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 from scipy.optimize import lsq_linear
 from sklearn.base import BaseEstimator, RegressorMixin
 
 from calibration.features import Features, Term, combine
-from predictor.models import load_catalogue
 from predictor.registry import REGISTRY
 
 MAX_CONDITION = 30.0  # column-normalized condition number above which a design is called degenerate
@@ -179,6 +177,7 @@ def fit_terms(features: Features, rows: np.ndarray, y: np.ndarray, parent_weight
               else _identifiable(features, rows, y, candidates, min_points, max_condition))
     free = np.zeros(len(names), bool)
     free[chosen] = True
+    profile = _profile_terms(features, weights, free)
     used = np.ones(len(rows), bool)
     n_trimmed = 0
     for attempt in range(2 if trim else 1):
@@ -194,6 +193,8 @@ def fit_terms(features: Features, rows: np.ndarray, y: np.ndarray, parent_weight
             break
         used = ~outliers
         n_trimmed = int(outliers.sum())
+    if profile is not None:  # the per-layer part was fitted too, as the profile's share
+        free[profile[1]] = True
     return LinearFit(weights, free, int(used.sum()), n_trimmed, used)
 
 
@@ -203,33 +204,42 @@ def combine_rows(features: Features, rows: np.ndarray, weights: np.ndarray) -> n
     return combine(sub, np.broadcast_to(weights, sub.x.shape))
 
 
-@lru_cache(maxsize=1)
-def min_catalogue_layers() -> int:
-    """Layer count of the shallowest model in the catalogue."""
-    return min(arch.num_layers for arch in load_catalogue())
-
-
-def _relax_fixed_bound(features: Features, rows: np.ndarray, start: np.ndarray, free: np.ndarray,
-                       bounds: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """With the per-layer term carried over (not fitted), let the fixed term go negative as long as the
-    total fixed time, fixed + per_layer * L, stays >= 0 at the layer counts of these rows and of the
-    shallowest catalogue model (a scope fitted on 80-layer runs alone must still predict a 16-layer model)."""
+def _profile_terms(features: Features, start: np.ndarray, free: np.ndarray) -> tuple[int, int] | None:
+    """(fixed, per-layer) positions when the decode fixed time is fitted without its per-layer part, which its runs
+    cannot tell apart (all of one depth) while the parent has one: then the two are fitted as one scale on the
+    parent's profile, ``a x (fixed + per_layer x L)``, so a model of another depth keeps the parent's shape (a
+    negative step time beside the parent's per-layer one would give a 16-layer model none)."""
     names = [t.name for t in features.terms]
     if "decode_fixed_per_layer_us" not in names:
-        return bounds
+        return None
     fixed, per_layer = names.index("decode_fixed_ms"), names.index("decode_fixed_per_layer_us")
-    if not free[fixed] or free[per_layer] or start[per_layer] <= 0:
-        return bounds
-    # feature columns: fixed -> 1e-3 s per ms, per-layer -> 1e-6 * L s per us
-    layer_seconds = min(float(np.min(features.x[rows, per_layer])), 1e-6 * min_catalogue_layers()) * start[per_layer]
-    out = list(bounds)
-    out[fixed] = (-layer_seconds / 1e-3, bounds[fixed][1])
-    return out
+    if not free[fixed] or free[per_layer] or start[per_layer] <= 0 or start[fixed] < 0:
+        return None
+    return fixed, per_layer
+
+
+def _fit_profile(features: Features, rows: np.ndarray, y: np.ndarray, start: np.ndarray, free: np.ndarray,
+                 bounds: list[tuple[float, float]], fixed: int, per_layer: int) -> np.ndarray:
+    """:func:`_fit_once` with the fixed time's column the parent's whole fixed-time profile and its weight a scale
+    (at least 0) on it; returns the weights with both parts scaled."""
+    profile = Features(features.quantity, features.terms, features.offset, features.x.copy(), features.valid)
+    profile.x[:, fixed] = features.x[:, fixed] * start[fixed] + features.x[:, per_layer] * start[per_layer]
+    profile.x[:, per_layer] = 0.0
+    scaled_start = start.copy()
+    scaled_start[fixed], scaled_start[per_layer] = 1.0, 0.0  # the per-layer part is in the profile column
+    scaled_bounds = list(bounds)
+    scaled_bounds[fixed] = (0.0, 1e6)
+    weights = _fit_once(profile, rows, y, scaled_start, free, scaled_bounds)
+    scale = weights[fixed]
+    weights[fixed], weights[per_layer] = scale * start[fixed], scale * start[per_layer]
+    return weights
 
 
 def _fit_once(features: Features, rows: np.ndarray, y: np.ndarray, start: np.ndarray, free: np.ndarray,
               bounds: list[tuple[float, float]]) -> np.ndarray:
-    bounds = _relax_fixed_bound(features, rows, start, free, bounds)
+    pair = _profile_terms(features, start, free)
+    if pair is not None:
+        return _fit_profile(features, rows, y, start, free, bounds, *pair)
     low = np.array([b[0] for b, f in zip(bounds, free, strict=True) if f])
     high = np.array([b[1] for b, f in zip(bounds, free, strict=True) if f])
     weights = start.copy()

@@ -160,28 +160,32 @@ def test_outlier_runs_are_trimmed(tmp_path):
     assert entry["value"] == pytest.approx(0.82, rel=1e-2)
 
 
-def test_a_negative_offset_stays_valid_for_the_shallowest_catalogue_model():
-    # A scope fitted on 80-layer runs alone with the per-layer term carried over may take a negative fixed
-    # offset, but fixed + per_layer x L must stay >= 0 down to the shallowest catalogue model (16 layers),
-    # not only at the 80 layers it saw: otherwise it predicts an 8B model's step with a negative fixed time.
+def test_runs_of_one_depth_scale_the_parents_fixed_time_profile_and_keep_its_shape():
+    # A scope fitted on 80-layer runs alone cannot tell a fixed time per step from one per layer: the two are
+    # fitted as one scale on the parent's profile, so a 16-layer model keeps the parent's share of it (a negative
+    # step time beside the parent's per-layer one would leave a shallow model no fixed time at all).
     from calibration.features import QUANTITY_TERMS, Features
-    from calibration.fit import _relax_fixed_bound, min_catalogue_layers, weight_bounds
+    from calibration.fit import fit_terms
 
     terms = QUANTITY_TERMS["decode"]
     names = [t.name for t in terms]
-    fixed, per_layer = names.index("decode_fixed_ms"), names.index("decode_fixed_per_layer_us")
-    x = np.zeros((3, len(terms)))
+    fixed, per_layer, bw = (names.index(n) for n in ("decode_fixed_ms", "decode_fixed_per_layer_us",
+                                                     "decode_bw_efficiency"))
+    x = np.zeros((4, len(terms)))
     x[:, fixed] = 1e-3
     x[:, per_layer] = 1e-6 * 80
-    features = Features("decode", terms, np.zeros(3), x, np.ones(3, bool))
-    start = np.zeros(len(terms))
-    start[per_layer] = 100.0  # us per layer, carried over from the parent scope
-    free = np.zeros(len(terms), bool)
-    free[fixed] = True
-    bounds = [weight_bounds(t, cpu=False) for t in terms]
-    relaxed = _relax_fixed_bound(features, np.arange(3), start, free, bounds)
-    assert min_catalogue_layers() == 16
-    assert relaxed[fixed][0] == pytest.approx(-100.0 * 16 / 1000.0)
+    x[:, bw] = [0.010, 0.020, 0.030, 0.040]  # seconds of weights at peak bandwidth
+    features = Features("decode", terms, np.zeros(4), x, np.ones(4, bool))
+    y = 0.004 + x[:, bw] / 0.9  # 4 ms of fixed time at 80 layers, weights at 0.9 of peak
+    start = np.array([float(t.weight(t.neutral)) for t in terms])  # every other term out of the way
+    start[fixed], start[per_layer], start[bw] = 1.0, 100.0, 1 / 0.8  # parent: 1 ms + 100 us per layer
+    fit = fit_terms(features, np.arange(4), y, start, held=tuple(n for n in names if n not in
+                                                                 ("decode_fixed_ms", "decode_bw_efficiency")))
+    assert fit.fitted[fixed] and fit.fitted[per_layer]
+    scale = fit.weights[fixed] / 1.0
+    assert fit.weights[per_layer] == pytest.approx(100.0 * scale)
+    assert 1.0 * scale + 0.080 * 100.0 * scale == pytest.approx(4.0, rel=1e-3)  # ms at 80 layers
+    assert 1 / fit.weights[bw] == pytest.approx(0.9, rel=1e-3)
 
 
 def test_fit_recovers_the_unpacking_cost_of_a_unified_memory_gpu(tmp_path):
