@@ -26,6 +26,8 @@ CASES = [
     ("recommend", ["--model", "llama-3.1-8b", "--ctx", "4096", "--max-ttft-ms", "2000"]),
     ("recommend", ["--model", "deepseek-v3", "--ctx", "8192"]),
     ("models", []),
+    ("models", ["--gpu", "rtx-4090", "--ctx", "32768"]),  # every catalogue model on one device
+    ("models", ["--gpu", "h100-sxm", "--engine", "vllm", "--quant", "FP8"]),
     ("gpus", []),
     ("finetune", ["--model", "qwen2.5-72b", "--gpu", "h100-sxm"]),
     ("finetune", ["--model", "qwen3-30b-a3b", "--method", "lora", "--gpus", "2"]),

@@ -186,7 +186,25 @@ def cmd_recommend(args) -> int:
 
 
 def cmd_models(args) -> int:
-    emit(render(catalogue_models_report(load_catalogue()), args.format), args)
+    if args.gpu is None:
+        for flag in ("quant", "ctx", "engine", "prompt", "coefficients"):
+            if getattr(args, flag) is not None:
+                raise BenchcalError(f"--{flag} applies to the models on a device: give --gpu too")
+        emit(render(catalogue_models_report(load_catalogue()), args.format), args)
+        return 0
+    from benchcal.reports.device_models import device_models_report
+
+    engine = normalize_engine(args.engine or "llama.cpp")
+    ctx = args.ctx or 8192
+    table = load_coefficients(args.coefficients) if args.coefficients else default_coefficients()
+    dev = resolve_gpu(args, table)
+    if args.quant is not None:
+        from predictor.quants import resolve_quant
+
+        resolve_quant(args.quant, engine)  # refused before anything is predicted
+    rep = device_models_report(load_catalogue(), dev, engine, ctx, args.quant, prompt_tokens=args.prompt or 4096,
+                               table=table)
+    emit(render(rep, args.format), args)
     return 0
 
 
@@ -262,8 +280,22 @@ def register(sub) -> None:
                    "per request (default 256)")
     p.set_defaults(func=cmd_recommend)
 
-    p = sub.add_parser("models", help="list the model catalogue", formatter_class=RAW,
-                       epilog="example:\n  benchcal models --format md")
+    p = sub.add_parser("models", help="list the model catalogue; with --gpu, every model on that device", formatter_class=RAW,
+                       epilog="examples:\n  benchcal models --format md\n  benchcal models --gpu rtx-4090 --ctx 8192"
+                       "\n  benchcal models --gpu h100-sxm --engine vllm --format json")
+    p.add_argument("--gpu", default=None, help="device id or NVML name, or cpu: predict every catalogue model on it "
+                   "(status, total / usable GiB, decode, TTFT, max safe context), fits first, the largest first")
+    p.add_argument("--quant", default=None, help="with --gpu: one format for every model (default: each model's own "
+                   "GGUF format, else Q4_K_M for llama.cpp / BF16 for vLLM)")
+    p.add_argument("--ctx", type=positive_int, default=None, help="with --gpu: context, tokens (default 8192; capped "
+                   "at each model's maximum)")
+    p.add_argument("--engine", default=None, help="with --gpu: llama.cpp or vllm (default llama.cpp)")
+    p.add_argument("--prompt", type=positive_int, default=None, help="with --gpu: prompt length for TTFT (default "
+                   "4096, or the context when shorter)")
+    p.add_argument("--coefficients", default=None, help="with --gpu: coefficients.json (default: the shipped table, "
+                   "with your own fit's devices over it)")
+    p.add_argument("--cpu-bw-gbs", type=positive_float, default=None, help="with --gpu cpu: host memory bandwidth, GB/s")
+    p.add_argument("--cpu-tflops", type=positive_float, default=None, help="with --gpu cpu: host matmul rate, TFLOPS")
     p.add_argument("--format", choices=FORMATS, default="table")
     p.add_argument("--output", "-o", type=output_file, default=None)
     p.set_defaults(func=cmd_models)

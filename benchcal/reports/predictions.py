@@ -482,12 +482,11 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
 
 
 def catalogue_models_report(models: Sequence[ModelArch]) -> Report:
-    rows = [[m.id, m.name, round(m.params_total / 1e9, 2), round(m.params_active / 1e9, 2), m.architecture,
-             m.attention.upper() + (" MoE" if m.num_experts else ""), m.num_layers, m.max_context]
-            for m in models]
-    rep = Report(title=f"Models ({len(rows)})", data=[dict(zip(
-        ["id", "name", "params_b", "active_params_b", "architecture", "attention", "layers", "max_context"], r))
-        for r in rows])
+    from benchcal.reports.device_models import MODEL_FIELDS, model_fields
+
+    data = [model_fields(m) for m in models]
+    rows = [[d[k] for k in MODEL_FIELDS] for d in data]
+    rep = Report(title=f"Models ({len(rows)})", data=data)
     for row in rows:  # the context with thousands separators in table, md and html only
         row[-1] = f"{row[-1]:,}"
     rep.add("Catalogue", "table", rows, ["Id", "Name", "Params B", "Active B", "Arch", "Attention", "Layers", "Max ctx"])
