@@ -145,6 +145,16 @@ def cloud_offers(device) -> list[CloudOffer]:
     return sorted(offers, key=lambda o: (o.usd_per_gpu_hour, o.provider))
 
 
+def cheapest_rental(device, count: int = 1) -> tuple[float, CloudOffer] | None:
+    """The cheapest dated offer of ``count`` of ``device`` (:func:`cloud_offers`): $ per hour for the GPUs rented
+    (an offer of 8x only rents 8) and the offer; None where nobody offers the device."""
+    offers = cloud_offers(device)
+    if not offers:
+        return None
+    offer = min(offers, key=lambda o: o.usd_per_gpu_hour * max(count, o.min_gpus))
+    return offer.usd_per_gpu_hour * max(count, offer.min_gpus), offer
+
+
 def serverless_prices(model_id: str) -> list[ServerlessPrice]:
     return sorted((p for p in load_prices()[1] if p.model == model_id), key=lambda p: p.usd_per_1m_output)
 

@@ -10,6 +10,7 @@ from predictor import memory as mem
 from predictor.architecture import ModelArch
 from predictor.coefficients import CoefficientSet, host_calibration_note
 from predictor.devices import Device
+from predictor.prices import cheapest_rental
 from predictor.quants import QuantFormat
 from predictor.weights import WEIGHTS_FROM_FILE, weights_bits_per_weight
 
@@ -54,10 +55,12 @@ class Estimate:
         """The stable JSON contract of ``benchcal predict --format json`` (documented in docs/commands.md)."""
         v = self.values
         d, m = self.device, self.model
-        price = d.cloud_usd_per_hour
+        # the cheapest dated offer of the devices predicted (what benchcal cost and recommend quote too)
+        rental = cheapest_rental(d, int(self.device_count)) if d.kind != "cpu" else None
+        price = rental[1].usd_per_gpu_hour if rental else None
         cost = None
-        if price and v["decode_tok_s_total"] > 0:
-            cost = round(price * self.device_count / (v["decode_tok_s_total"] * 3600.0) * 1e6, 2)
+        if rental and v["decode_tok_s_total"] > 0:
+            cost = round(rental[0] / (v["decode_tok_s_total"] * 3600.0) * 1e6, 2)
         c = self.coefficients
         return {
             "schema": "benchcal.estimate/1",
@@ -82,6 +85,9 @@ class Estimate:
                 "bandwidth_gbs": d.bandwidth_gbs, "fp16_tflops": d.fp16_tflops,
                 "matmul_tflops": d.matmul_tflops(self.engine), "family": d.family,
                 "cloud_usd_per_hour": price,
+                "cloud_offer": None if rental is None else {
+                    "provider": rental[1].provider, "product": rental[1].product, "billing": rental[1].billing,
+                    "min_gpus": rental[1].min_gpus, "checked_at": rental[1].checked_at, "source": rental[1].source},
             },
             "engine": self.engine,
             "quant": self.quant.id,

@@ -106,3 +106,22 @@ def test_recommend_cloud_pick_is_the_cheapest_dated_offer_of_what_holds_the_mode
     assert rental["usd_per_hour"] == pytest.approx(
         min(o.usd_per_gpu_hour * max(cloud["count"], o.min_gpus) for o in offers))
     assert rental["provider"] and rental["source"] and rental["gpus_rented"] >= cloud["count"]
+
+
+@pytest.mark.parametrize(("gpu", "gpus"), [("rtx-4090", "1"), ("h100-sxm", "1"), ("a100-sxm-80gb", "2")])
+def test_predict_prices_its_tokens_at_the_cheapest_dated_offer_as_cost_does(gpu, gpus):
+    # one answer to "what does 1M output tokens cost here": predict's is at the offer benchcal cost lists first
+    d = json.loads(run("predict", "--model", "llama-3.1-8b", "--gpu", gpu, "--gpus", gpus, "--format", "json").stdout)
+    offers = cloud_offers(resolve_device(gpu))
+    count = int(gpus)
+    cheapest = min(offers, key=lambda o: o.usd_per_gpu_hour * max(count, o.min_gpus))
+    assert d["gpu"]["cloud_usd_per_hour"] == cheapest.usd_per_gpu_hour
+    assert d["gpu"]["cloud_offer"]["provider"] == cheapest.provider and d["gpu"]["cloud_offer"]["source"]
+    hourly = cheapest.usd_per_gpu_hour * max(count, cheapest.min_gpus)
+    tok_s = d["throughput"]["decode_tok_s_total"]
+    assert d["throughput"]["cost_per_1m_output_usd"] == pytest.approx(hourly / (tok_s * 3600) * 1e6, rel=0.01)
+
+
+def test_predict_on_a_device_nobody_rents_gives_no_price():
+    d = json.loads(run("predict", "--model", "llama-3.1-8b", "--gpu", "ascend-910b", "--format", "json").stdout)
+    assert d["gpu"]["cloud_offer"] is None and d["throughput"]["cost_per_1m_output_usd"] is None

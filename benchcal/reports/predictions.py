@@ -28,7 +28,7 @@ from predictor.finetune import (
 )
 from predictor.grid import sweep_scenario
 from predictor.load import max_concurrency
-from predictor.prices import CloudOffer, cloud_offers
+from predictor.prices import CloudOffer, cheapest_rental, cloud_offers
 from predictor.quants import QuantFormat, quality_tier, quant_formats, resolve_kv_dtype, resolve_quant
 from predictor.registry import REGISTRY
 from predictor.scenario import Scenario
@@ -142,7 +142,8 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
          else f"{thr['decode_tok_s_total']:.1f} tok/s"],
         ["Prefill", missing if thr["prefill_tok_s"] is None else f"{thr['prefill_tok_s']:.0f} tok/s"],
         [f"TTFT ({thr['prompt_tokens']:,}-token prompt)", missing if thr["ttft_ms"] is None else f"{thr['ttft_ms']:.0f} ms"],
-        ["Cost per 1M output tokens", f"${cost:.2f} at ${g['cloud_usd_per_hour']}/h" if cost else "— (no hourly price)"],
+        ["Cost per 1M output tokens", f"${cost:.2f} at ${g['cloud_usd_per_hour']}/h per GPU "
+         f"({g['cloud_offer']['provider']}, {g['cloud_offer']['checked_at'] or 'undated'})" if cost else "— (no hourly price)"],
     ], ["Quantity", "Value"])
     serving = d.get("serving")
     if serving:
@@ -291,7 +292,7 @@ def add_rig_section(rep: Report, base: Scenario, devs: Sequence[Device], verdict
                              "usable_gib": _finite(v["usable_bytes"] / GIB, 3),
                              "decode_tok_s": _finite(v["decode_tok_s"], 2), "ttft_s": _finite(v["ttft_s"], 4),
                              "price_usd": n * d.price_usd if d.price_usd else None,
-                             "cloud_usd_per_hour": n * d.cloud_usd_per_hour if d.cloud_usd_per_hour else None})
+                             "cloud_usd_per_hour": _hourly(d, n)})
             else:
                 still.append(i)
         left = still
@@ -338,7 +339,7 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
             "decode_tok_s": _finite(v["decode_tok_s"], 2) if runs else None,
             "ttft_s": _finite(v["ttft_s"], 4) if runs else None,
             "max_context": int(v["max_context"]) if v["max_context"] > 0 else None,
-            "price_usd": devs[i].price_usd, "cloud_usd_per_hour": devs[i].cloud_usd_per_hour,
+            "price_usd": devs[i].price_usd, "cloud_usd_per_hour": _hourly(devs[i], 1),
             "offload": offload,
         })
         rows.append([
@@ -507,10 +508,18 @@ def catalogue_devices_report(devices: Sequence[Device]) -> Report:
 
 
 def _rental(device: Device, count: int) -> tuple[float, CloudOffer]:
-    """The cheapest dated offer of ``count`` of ``device`` (:func:`predictor.prices.cloud_offers`): $ per hour for
-    the GPUs rented (an offer of 8x only rents 8) and the offer."""
-    offer = min(cloud_offers(device), key=lambda o: o.usd_per_gpu_hour * max(count, o.min_gpus))
-    return offer.usd_per_gpu_hour * max(count, offer.min_gpus), offer
+    """The cheapest dated offer of ``count`` of ``device`` (:func:`predictor.prices.cheapest_rental`); only asked
+    for devices with an offer."""
+    rental = cheapest_rental(device, count)
+    assert rental is not None, device.id
+    return rental
+
+
+def _hourly(device: Device, count: int) -> float | None:
+    """$ per hour of ``count`` of ``device`` at its cheapest dated offer (what predict's and cost's prices are), or
+    None where nobody offers it."""
+    rental = cheapest_rental(device, count)
+    return round(rental[0], 4) if rental else None
 
 
 def _decode_or_zero(values: dict[str, float]) -> float:
@@ -647,7 +656,7 @@ def add_serving_target_section(rep: Report, arch: ModelArch, quant: str, context
                                coefficients=table or "default", overheads=overheads)
         if best is None:
             continue
-        hourly = d.cloud_usd_per_hour
+        hourly = _hourly(d, 1)
         per_million = hourly / (best["output_tok_s"] * 3600.0) * 1e6 if hourly and best["output_tok_s"] > 0 else None
         found.append({"device": d.id, "name": d.name, **best, "cloud_usd_per_hour": hourly,
                       "usd_per_1m_output_tokens": round(per_million, 4) if per_million is not None else None})
