@@ -56,6 +56,7 @@ class ServerlessPrice:
     checked_at: str
     source: str
     note: str | None = None
+    transcribed_from: str | None = None
 
 
 def _problem(where: str, message: str) -> BenchcalError:
@@ -120,7 +121,8 @@ def load_prices() -> tuple[tuple[CloudOffer, ...], tuple[ServerlessPrice, ...]]:
             raise _problem(where, f"model {e.get('model')!r} is not in the model catalogue")
         serverless.append(ServerlessPrice(e["model"], _text(e, "provider", where), _text(e, "provider_model", where),
                                           _positive(e, "usd_per_1m_input", where), _positive(e, "usd_per_1m_output", where),
-                                          _checked(e, where), _url(e, "source", where), e.get("note")))
+                                          _checked(e, where), _url(e, "source", where), e.get("note"),
+                                          _url(e, "transcribed_from", where) if "transcribed_from" in e else None))
     return tuple(cloud), tuple(serverless)
 
 
@@ -138,7 +140,7 @@ def cloud_offers(device) -> list[CloudOffer]:
             product = head[len(provider):].strip(" ,") if provider != "catalogue headline" else (head or device.name)
             product = product.replace("on-demand", "").replace("  ", " ").strip(" ,")
             product = product.removeprefix("pod, ") or device.name
-            count = re.match(r"(\d+)x ", product)  # a multi-GPU instance: rented whole
+            count = re.search(r"\b(\d+)x ", product)  # a multi-GPU instance ("8x A100", "p3dn (8x V100"): rented whole
             offers.append(CloudOffer(device.id, provider, product, "on-demand", float(device.cloud_usd_per_hour),
                                      int(count.group(1)) if count else 1, dates[0] if dates else None, source,
                                      note=note or None, headline=True))
