@@ -148,11 +148,13 @@ def cloud_offers(device) -> list[CloudOffer]:
 
 
 def cheapest_rental(device, count: int = 1) -> tuple[float, CloudOffer] | None:
-    """The cheapest dated offer of ``count`` of ``device`` (:func:`cloud_offers`): $ per hour for the GPUs rented
-    (an offer of 8x only rents 8) and the offer; None where nobody offers the device."""
+    """The cheapest dated on-demand offer of ``count`` of ``device`` (:func:`cloud_offers`; a spot or reserved one
+    only where no on-demand one is listed): $ per hour for the GPUs rented (an offer of 8x only rents 8) and the
+    offer; None where nobody offers the device."""
     offers = cloud_offers(device)
     if not offers:
         return None
+    offers = [o for o in offers if o.billing == "on-demand"] or offers
     offer = min(offers, key=lambda o: o.usd_per_gpu_hour * max(count, o.min_gpus))
     return offer.usd_per_gpu_hour * max(count, offer.min_gpus), offer
 

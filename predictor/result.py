@@ -55,7 +55,7 @@ class Estimate:
         """The stable JSON contract of ``benchcal predict --format json`` (documented in docs/commands.md)."""
         v = self.values
         d, m = self.device, self.model
-        # the cheapest dated offer of the devices predicted (what benchcal cost and recommend quote too)
+        # the cheapest dated on-demand offer of the devices predicted (what benchcal cost and recommend quote too)
         rental = cheapest_rental(d, int(self.device_count)) if d.kind != "cpu" else None
         price = rental[1].usd_per_gpu_hour if rental else None
         cost = None

@@ -18,6 +18,7 @@ from predictor.load import predict_load
 from predictor.prices import (
     DAYS_PER_MONTH,
     break_even_months,
+    cheapest_rental,
     cloud_offers,
     monthly_usd,
     power_monthly_usd,
@@ -66,8 +67,8 @@ def cost_report(arch: ModelArch, quant: str, context: int, engine: str, *, table
                       launch=False)
         decode = est.values["decode_tok_s"] if est.verdict in ("fits", "tight") else float("nan")
         at_load = load_tok_s(device) if est.verdict in ("fits", "tight") else None
-        offers = cloud_offers(device)
-        cheapest = offers[0] if offers else None
+        rental = cheapest_rental(device)
+        cheapest = rental[1] if rental else None
         chosen = {"device": device.id, "name": device.name, "verdict": est.verdict, "decode_tok_s": _r(decode),
                   "output_tok_s_at_load": _r(at_load), "cheapest_usd_per_gpu_hour": cheapest.usd_per_gpu_hour
                   if cheapest else None,
@@ -81,13 +82,14 @@ def cost_report(arch: ModelArch, quant: str, context: int, engine: str, *, table
         if concurrency:
             rows.append([f"Output at {concurrency} requests in flight",
                          f"{at_load:.1f} tok/s" if at_load else "— (does not run)"])
-        rows += [["Cheapest rental", f"${cheapest.usd_per_gpu_hour:g}/GPU-h ({cheapest.provider}, {cheapest.product})"
+        rows += [["Cheapest rental", f"${cheapest.usd_per_gpu_hour:g}/GPU-h ({cheapest.provider}, {cheapest.product}, "
+                  f"{cheapest.billing})"
                   if cheapest else "— (no price in the table or the catalogue)"],
                  ["Cost per 1M output tokens, batch 1", _money(chosen["usd_per_1m_output_batch1"])]]
         if concurrency:
             rows.append([f"Cost per 1M output tokens, {concurrency} in flight", _money(chosen["usd_per_1m_output_at_load"])])
         rep.add(f"On {device.name}", "kv", rows, ["Quantity", "Value"],
-                note="$ per hour / (output tokens per second x 3600) x 10^6, at the cheapest offer below.")
+                note="$ per hour / (output tokens per second x 3600) x 10^6, at the cheapest on-demand offer below.")
 
     # Cloud comparison: every offer of every device that holds the model.
     rows = []
@@ -120,14 +122,15 @@ def cost_report(arch: ModelArch, quant: str, context: int, engine: str, *, table
 
     # Rent vs buy, on the device asked for.
     if device is not None:
-        offers = cloud_offers(device)
-        if not offers or not device.price_usd or not device.tdp_w:
-            missing = [name for name, ok in (("rental price", offers), ("purchase price", device.price_usd),
+        rental = cheapest_rental(device)
+        if not rental or not device.price_usd or not device.tdp_w:
+            missing = [name for name, ok in (("rental price", rental), ("purchase price", device.price_usd),
                                              ("board power", device.tdp_w)) if not ok]
             rep.add("Rent vs buy", "kv", [["Not applicable", f"{device.name} has no {', no '.join(missing)} in the "
                                                              "catalogue or the price table"]], ["Quantity", "Value"])
         else:
-            rent = monthly_usd(offers[0].usd_per_gpu_hour, hours_per_day)
+            offer = rental[1]
+            rent = monthly_usd(offer.usd_per_gpu_hour, hours_per_day)
             power = power_monthly_usd(device.tdp_w, hours_per_day, usd_per_kwh)
             months = break_even_months(device.price_usd, rent, power)
             data["rent_vs_buy"] = {"purchase_usd": device.price_usd, "rent_monthly_usd": _r(rent),
@@ -135,7 +138,7 @@ def cost_report(arch: ModelArch, quant: str, context: int, engine: str, *, table
                                    "break_even_months": _r(months, 1)}
             rep.add("Rent vs buy", "kv", [
                 ["Purchase", f"{_money(device.price_usd)} ({device.sources.get('price', 'devices.json')})"],
-                ["Renting", f"{_money(rent)}/month at ${offers[0].usd_per_gpu_hour:g}/h ({offers[0].provider})"],
+                ["Renting", f"{_money(rent)}/month at ${offer.usd_per_gpu_hour:g}/h ({offer.provider}, {offer.billing})"],
                 ["Power if bought", f"{_money(power)}/month ({device.tdp_w:g} W board power)"],
                 ["Break-even", f"{months:.1f} months" if months else "never (renting costs no more than the power)"],
             ], ["Quantity", "Value"], note="purchase / (rent per month - power per month); the host, cooling and "

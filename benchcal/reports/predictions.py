@@ -508,7 +508,7 @@ def catalogue_devices_report(devices: Sequence[Device]) -> Report:
 
 
 def _rental(device: Device, count: int) -> tuple[float, CloudOffer]:
-    """The cheapest dated offer of ``count`` of ``device`` (:func:`predictor.prices.cheapest_rental`); only asked
+    """The cheapest dated on-demand offer of ``count`` of ``device`` (:func:`predictor.prices.cheapest_rental`); only asked
     for devices with an offer."""
     rental = cheapest_rental(device, count)
     assert rental is not None, device.id
@@ -516,7 +516,7 @@ def _rental(device: Device, count: int) -> tuple[float, CloudOffer]:
 
 
 def _hourly(device: Device, count: int) -> float | None:
-    """$ per hour of ``count`` of ``device`` at its cheapest dated offer (what predict's and cost's prices are), or
+    """$ per hour of ``count`` of ``device`` at its cheapest dated on-demand offer (what predict's and cost's prices are), or
     None where nobody offers it."""
     rental = cheapest_rental(device, count)
     return round(rental[0], 4) if rental else None
