@@ -3,7 +3,9 @@
 
 Errors are grouped per (engine, device); a CPU's device is its host id (``cpu-<model>-<isa>-<cores>c``). A group fails when its decode / prefill / TTFT MAPE or decode
 p90 exceeds its threshold, or when its MAPE grew by more than the tolerance over the baseline; a run
-fails when its peak-memory error exceeds max(``memory_rel`` x measured, ``memory_abs_mib``).
+fails when its peak-memory error exceeds max(``memory_rel`` x measured, ``memory_abs_mib``). The vLLM KV pools
+logged on GPUs (imported logs, :func:`calibration.kvpool.gpu_kv_pool_checks`) fail when their median absolute error
+exceeds ``gpu_kv_pool_median`` or one exceeds ``gpu_kv_pool_max``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_THRESHOLDS = {"decode_mape": 0.10, "decode_p90": 0.20, "prefill_mape": 0.15, "ttft_mape": 0.15,
-                      "memory_rel": 0.03, "memory_abs_mib": 256.0}
+                      "memory_rel": 0.03, "memory_abs_mib": 256.0, "gpu_kv_pool_median": 0.10,
+                      "gpu_kv_pool_max": 0.40}
 DEFAULT_TOLERANCE = {"mape_increase": 0.02}
 MIB = float(2**20)
 QUANTITIES = ("decode", "prefill", "ttft")
@@ -117,6 +120,7 @@ class CheckResult:
     metrics: dict[str, dict[str, Any]]
     failures: list[str]
     notes: list[str]
+    gpu_kv_pool: dict[str, Any] | None = None  # summary of the GPU KV-pool checks, when there are logs
 
     @property
     def ok(self) -> bool:
@@ -124,10 +128,12 @@ class CheckResult:
 
 
 def run_check(dataset: Dataset, table: Coefficients, thresholds: Thresholds,
-              baseline: dict[str, Any] | None = None, include_noisy: bool = False) -> CheckResult:
+              baseline: dict[str, Any] | None = None, include_noisy: bool = False,
+              gpu_pools: list[dict[str, Any]] | None = None) -> CheckResult:
     """Compare recomputed errors with thresholds and, when given, the baseline.
 
     ``include_noisy``: also score measurements whose repetitions spread more than 5% (left out by default).
+    ``gpu_pools``: :func:`calibration.kvpool.gpu_kv_pool_checks` of the runs, gated as a whole.
     """
     predictions = predict(dataset, table)
     metrics = group_metrics(dataset, predictions, include_noisy)
@@ -167,7 +173,26 @@ def run_check(dataset: Dataset, table: Coefficients, thresholds: Thresholds,
         missing = sorted(set(base_groups) - set(metrics))
         if missing:
             notes.append(f"in the baseline but not measured now: {', '.join(missing)}")
-    return CheckResult(metrics, failures, notes)
+    pools = _gpu_pool_gate(gpu_pools or [], thresholds, failures)
+    return CheckResult(metrics, failures, notes, pools)
+
+
+def _gpu_pool_gate(checks: list[dict[str, Any]], thresholds: Thresholds, failures: list[str]) -> dict[str, Any] | None:
+    from calibration.kvpool import gpu_pool_summary
+
+    summary = gpu_pool_summary(checks)
+    if not summary["n"]:
+        return None
+    median, worst = thresholds.limits["gpu_kv_pool_median"], thresholds.limits["gpu_kv_pool_max"]
+    if summary["median_abs_error"] > median:
+        failures.append(f"vllm GPU KV pool: median |error| {100 * summary['median_abs_error']:.1f}% > "
+                        f"{100 * median:.1f}% (n={summary['n']})")
+    for check in checks:
+        if check["scored"] and abs(check["error"]) > worst:
+            failures.append(f"vllm GPU KV pool: {check['device']} {check['model']} (run {check['run']}) predicted "
+                            f"{check['predicted_gib']:.2f} GiB, logged {check['logged_gib']:.2f} GiB "
+                            f"({100 * check['error']:+.1f}% beyond ±{100 * worst:.0f}%)")
+    return summary
 
 
 def load_baseline(path: str | Path | None) -> dict[str, Any] | None:
@@ -200,4 +225,8 @@ def summary_lines(result: CheckResult) -> list[str]:
             if stats:
                 parts.append(f"{q} {100 * stats['mape']:.1f}% (p90 {100 * stats['p90']:.1f}%, n={stats['n']})")
         lines.append(f"  {group}: " + "; ".join(parts))
+    pools = result.gpu_kv_pool
+    if pools:
+        lines.append(f"  vllm GPU KV pool (imported logs, none fitted): median |error| "
+                     f"{100 * pools['median_abs_error']:.1f}%, max {100 * pools['max_abs_error']:.1f}% (n={pools['n']})")
     return lines

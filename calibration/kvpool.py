@@ -1,4 +1,5 @@
-"""The predicted vLLM KV pool on a CPU against the pool vLLM logged, for every run whose pool vLLM sized itself.
+"""The predicted vLLM KV pool against the pool vLLM logged: on a CPU for every run whose pool vLLM sized itself,
+on a GPU for every vLLM log imported (:func:`gpu_kv_pool_checks`).
 
 For each such run (``kv_pool`` profiled: "Auto set (kv/node) GiB for KV cache ... N GiB memory was consumed by non-kv
 usages") the predictor's pool (:mod:`predictor.serving`: ``ceil(utilization x node memory) - weights -
@@ -9,13 +10,17 @@ engine default where the host has no other).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from calibration.dataset import Dataset
 from calibration.features import run_arch
+from calibration.importers_vllm_log import IMPORT_FORMAT
 from calibration.table import vllm_worker_rows
+from harness import records
 from predictor.coefficients import Coefficients
 from predictor.devices import cpu_device
 from predictor.engines import traits
@@ -70,3 +75,61 @@ def _engine_checks(rows: Any, engine: str) -> list[dict[str, Any]]:
                         "held_out_error": round(held_out / logged - 1.0, 4),
                         "held_out_from": "the host's other profiled runs" if len(others) else "the engine default"})
     return out
+
+
+# ------------------------------------------------------------------------------------------------------------ GPU
+
+def gpu_kv_pool_checks(runs_dirs: Iterable[str | Path], coefficients: Any = "default") -> list[dict[str, Any]]:
+    """The predicted vLLM KV pool on a GPU against the pool vLLM logged, one entry per imported vLLM log
+    (``benchcal import vllm-log``): the run's device, model, format, context, utilization, batch budget and eager
+    flag; the prediction's coefficients (``coefficients``: a table or path; none of them is fitted from a logged
+    pool, so every pool is held out). Logs of vLLM's V0 engine (removed in 0.11) are listed, not scored: it sized
+    its pool from a profile run of another shape."""
+    out = []
+    for root in runs_dirs:
+        for stored in records.iter_records(root):
+            record = stored.record
+            provenance = record.get("provenance") or {}
+            if provenance.get("import_format") != IMPORT_FORMAT or record.get("status") != "ok":
+                continue
+            out.append(_gpu_check(record, coefficients))
+    return sorted(out, key=lambda c: (c["device"], c["model"], c["run"]))
+
+
+def _gpu_check(record: dict[str, Any], coefficients: Any) -> dict[str, Any]:
+    config, provenance = record["config"], record["provenance"]
+    options = config.get("engine_options") or {}
+    breakdown = (record.get("memory") or {}).get("engine_breakdown") or {}
+    logged = float(breakdown["kv_bytes"]) / GIB
+    scenario = Scenario(model=str(config["model"]), device=str(config["device"]), engine="vllm",
+                        quant=str(config["quant"]), kv_dtype=str(config.get("kv_dtype") or "bf16"),
+                        context=int(config["context"]), prompt_tokens=min(64, int(config["context"])),
+                        gpu_memory_utilization=float(options["gpu_memory_utilization"]),
+                        enforce_eager=bool(options.get("enforce_eager", False)),
+                        max_num_seqs=options.get("max_num_seqs"),
+                        max_num_batched_tokens=options.get("max_num_batched_tokens"))
+    est = predict_scenario(scenario, coefficients, launch=False)
+    predicted = float(est.serving["kv_pool_gib"])
+    engine_generation = provenance.get("vllm_engine") or "V1"
+    check = {"run": record["id"], "device": config["device"], "model": config["model"], "quant": config["quant"],
+             "vllm_version": provenance.get("engine_version"), "vllm_engine": engine_generation,
+             "source_url": provenance.get("source_url"),
+             "logged_gib": round(logged, 3), "predicted_gib": round(predicted, 3),
+             "error": round(predicted / logged - 1.0, 4),
+             "logged_weights_gib": round(float(breakdown["weights_bytes"]) / GIB, 3),
+             "predicted_weights_gib": round(float(est.values["weights_bytes"]) / GIB, 3),
+             "scored": engine_generation != "V0"}
+    if not check["scored"]:
+        check["not_scored_because"] = "vLLM's V0 engine (removed in 0.11) profiled its pool another way"
+    return check
+
+
+def gpu_pool_summary(checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{n, median_abs_error, mean_abs_error, max_abs_error, median_error}`` over the scored checks."""
+    errors = np.array([c["error"] for c in checks if c["scored"]], dtype=float)
+    if not len(errors):
+        return {"n": 0}
+    return {"n": int(len(errors)), "median_abs_error": round(float(np.median(np.abs(errors))), 4),
+            "mean_abs_error": round(float(np.mean(np.abs(errors))), 4),
+            "max_abs_error": round(float(np.max(np.abs(errors))), 4),
+            "median_error": round(float(np.median(errors)), 4)}

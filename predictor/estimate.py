@@ -34,7 +34,7 @@ from predictor.scenario import (
     scenario_inputs,
     validate_scenario,
 )
-from predictor.serving import DEFAULT_GPU_MEMORY_UTILIZATION, kv_pool
+from predictor.serving import kv_pool
 from predictor.weights import require_bits
 
 GIB = mem.GIB
@@ -128,7 +128,8 @@ def evaluate(
     kv_host_share = frac if et.layer_offload else 0.0  # llama.cpp keeps KV with its layer
     dev_kv = kv_total * (1.0 - kv_host_share)
     eager = np.logical_or(np.asarray(enforce_eager, bool), kind == "cpu")
-    budget = (max_batched_tokens, max_num_seqs)  # vLLM's batch budget (its profile run's size)
+    # vLLM's batch budget (its profile run's size) and, on a GPU, its sampler's warm-up buffers
+    budget = (max_batched_tokens, max_num_seqs, np.where(on_gpu, coeffs["vllm_sampler_copies"], 0.0))
     runtime = mem.runtime_bytes(arch, engine, coeffs, context, n_ubatch, flash_attn, batch, eager, *budget) * n_dev
     total = resident_w + dev_kv + runtime
     usable = mem.usable_device_bytes(memory_gib, usable_gib, kind, coeffs["reserve_gib"]) * n_dev
@@ -240,7 +241,7 @@ def evaluate(
 
 
 def _max_context(arch, engine, coeffs, usable, dev_w, frac, n_dev, kv_bpe, batch, n_ubatch, flash_attn, eager,
-                 budget=(mem.VLLM_MAX_BATCHED_TOKENS, mem.VLLM_MAX_NUM_SEQS)):
+                 budget=(mem.VLLM_MAX_BATCHED_TOKENS, mem.VLLM_MAX_NUM_SEQS, 0.0)):
     """Largest context (multiple of 256, up to the model's maximum) whose total stays "fits"."""
     kv_share = frac if traits(engine).layer_offload else 0.0
 
@@ -320,7 +321,7 @@ def predict_scenario(
     ``"default"`` for the committed calibration table when present. ``scenario.engine_build``: the engine build
     (llama.cpp build number) or version (vLLM) to predict for; its era's fitted values are used (default: the
     newest era with data). ``scenario.gpu_memory_utilization``: vLLM's share of the device its KV pool is sized
-    from (default 0.9, as ``vllm serve``).
+    from (default 0.92, as ``vllm serve``).
     """
     s = scenario
     eng, arch, dev = normalize_engine(s.engine), scenario_arch(s), scenario_device(s)
@@ -361,7 +362,8 @@ def predict_scenario(
         era=era_description(eng, dev.kind, era, engine_build, cset, overlay=bool(table.era_overlay(eng, era, dev.kind)),
                             device=dev),
     )
-    est.serving = kv_pool(est, s.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION, s.max_num_seqs)
+    est.serving = kv_pool(est, s.gpu_memory_utilization or mem.VLLM_GPU_MEMORY_UTILIZATION,
+                          inputs.kwargs["max_num_seqs"])
     if launch:
         est.launch = launch_commands(est, predict)
     return est

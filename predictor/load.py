@@ -33,8 +33,8 @@ from typing import Any
 
 from predictor.engines import traits
 from predictor.estimate import predict_scenario
-from predictor.memory import VLLM_MAX_BATCHED_TOKENS, VLLM_MAX_NUM_SEQS
-from predictor.scenario import Scenario
+from predictor.memory import VLLM_MAX_NUM_SEQS, vllm_batch_defaults
+from predictor.scenario import Scenario, scenario_device
 
 MODES = ("serial", "continuous")
 
@@ -278,17 +278,23 @@ def predict_rate(scenario: Scenario, request_rate: float, output_tokens: int, *,
     prefill, step = step_curve(scenario, output_tokens, limit, coefficients)
     figures = rate_figures(mode, float(request_rate), output_tokens, prefill, step, max_num_seqs=limit,
                            prompt_tokens=int(scenario.prompt_tokens),
-                           max_num_batched_tokens=scenario.max_num_batched_tokens or VLLM_MAX_BATCHED_TOKENS,
+                           max_num_batched_tokens=scenario.max_num_batched_tokens or _batch_defaults(scenario)[0],
                            requests=requests, warmup=warmup, seed=seed, **fit)
     return {"mode": mode, "prompt_tokens": int(scenario.prompt_tokens), "output_tokens": int(output_tokens),
             **figures, "overheads": {**fit, "source": source}}
 
 
+def _batch_defaults(scenario: Scenario) -> tuple[int, int]:
+    """vLLM's ``(max_num_batched_tokens, max_num_seqs)`` on the scenario's device when neither is given."""
+    return vllm_batch_defaults(scenario_device(scenario))
+
+
 def running_limit(scenario: Scenario, output_tokens: int, coefficients: Any = "default",
                   max_num_seqs: int | None = None) -> int:
-    """The most sequences a batching server runs at once: ``max_num_seqs`` (vLLM's 256 by default), and no more
-    than its KV pool holds at their full length (prompt + output)."""
-    limit = int(max_num_seqs or scenario.max_num_seqs or DEFAULT_MAX_NUM_SEQS)
+    """The most sequences a batching server runs at once: ``max_num_seqs`` (vLLM's default on the device, 256 or
+    1,024, :func:`predictor.memory.vllm_batch_defaults`), and no more than its KV pool holds at their full length
+    (prompt + output)."""
+    limit = int(max_num_seqs or scenario.max_num_seqs or _batch_defaults(scenario)[1])
     pool = (predict_scenario(scenario.replace(batch=1), coefficients, launch=False).serving or {}).get("kv_pool_tokens")
     if pool:
         limit = max(1, min(limit, int(pool) // (int(scenario.prompt_tokens) + max(int(output_tokens), 1))))

@@ -13,8 +13,24 @@ from predictor.architecture import ModelArch
 from predictor.engines import traits
 
 GIB = float(2**30)
-VLLM_MAX_BATCHED_TOKENS = 8192  # vLLM V1 offline default for max_num_batched_tokens on GPUs
-VLLM_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs: the profile run samples this many rows
+VLLM_MAX_BATCHED_TOKENS = 8192  # the batch budget the vLLM CPU runs' fits assume (a CPU's default, below)
+VLLM_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs on most GPUs: the profile run samples this many rows
+VLLM_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default share of a device (CacheConfig.gpu_memory_utilization, 0.32.0)
+
+
+def vllm_batch_defaults(device) -> tuple[int, int]:
+    """``(max_num_batched_tokens, max_num_seqs)`` of ``vllm serve`` on ``device`` when neither is given
+    (``EngineArgs.get_batch_defaults``, vLLM 0.32.0, the API server's values): a device of 160 GiB or more 16,384 and
+    1,024; of 70 GiB or more that is not an A100 (vLLM's PR #17885: larger budgets slowed A100s) 8,192 and 1,024;
+    any other GPU 2,048 and 256. On a CPU, the budget the vLLM CPU runs' fits assume, 8,192 and 256."""
+    if getattr(device, "kind", "gpu") == "cpu":
+        return VLLM_MAX_BATCHED_TOKENS, VLLM_MAX_NUM_SEQS
+    memory = float(getattr(device, "memory_gib", 0.0) or 0.0)
+    if memory >= 160:
+        return 16384, 1024
+    if memory >= 70 and "a100" not in str(getattr(device, "name", "")).lower():
+        return 8192, 1024
+    return 2048, 256
 F32_BYTES = 4.0
 
 
@@ -141,21 +157,28 @@ def vllm_activation_bytes(arch: ModelArch, max_batched_tokens=VLLM_MAX_BATCHED_T
     """
     tokens = np.asarray(max_batched_tokens, dtype=float)
     per_token = 2.0 * (2.0 * arch.intermediate_size + 4.0 * arch.hidden_size)
-    return tokens * per_token + np.asarray(max_num_seqs, dtype=float) * arch.vocab_size * F32_BYTES
+    return tokens * per_token + vllm_logits_bytes(arch, max_num_seqs)
+
+
+def vllm_logits_bytes(arch: ModelArch, max_num_seqs=VLLM_MAX_NUM_SEQS):
+    """One f32 logits buffer of the profile run's sampled rows: ``max_num_seqs`` x vocabulary x 4 bytes."""
+    return np.asarray(max_num_seqs, dtype=float) * arch.vocab_size * F32_BYTES
 
 
 def runtime_bytes(arch: ModelArch, engine: str, coeffs, context, n_ubatch, flash_attn, batch=1,
-                  enforce_eager=False, max_batched_tokens=VLLM_MAX_BATCHED_TOKENS, max_num_seqs=VLLM_MAX_NUM_SEQS):
+                  enforce_eager=False, max_batched_tokens=VLLM_MAX_BATCHED_TOKENS, max_num_seqs=VLLM_MAX_NUM_SEQS,
+                  sampler_copies=0.0):
     """Engine runtime on the device: fixed context + compute/activation buffers (+ vLLM CUDA graphs,
     none when ``enforce_eager``; vLLM's activations grow with its batch budget, ``max_batched_tokens`` and
-    ``max_num_seqs``)."""
+    ``max_num_seqs``, and on a GPU its sampler's ``sampler_copies`` more logits-sized buffers)."""
     fixed = coeffs["runtime_fixed_gib"] * GIB
     scale = coeffs["compute_buffer_scale"]
     if traits(engine).profiled_runtime:
         graphs = np.where(np.asarray(enforce_eager, bool), 0.0, coeffs["vllm_graph_gib"] * GIB)
         extra = coeffs["vllm_non_torch_gib"] * GIB + graphs
         activations = vllm_activation_bytes(arch, max_batched_tokens, max_num_seqs)
-        return fixed + extra + scale * activations + np.zeros_like(np.asarray(context, float))
+        sampler = np.asarray(sampler_copies, float) * vllm_logits_bytes(arch, max_num_seqs)
+        return fixed + extra + scale * activations + sampler + np.zeros_like(np.asarray(context, float))
     return fixed + scale * llama_compute_buffer_bytes(arch, context, n_ubatch, flash_attn, batch)
 
 

@@ -40,6 +40,7 @@ class QuantFormat:
     description: str
     aliases: tuple[str, ...] = ()
     quality: Mapping[str, Any] | None = None  # measured perplexity against F16 on one model, with its source
+    embedding_bits: float | None = None  # bits of the input embedding and LM head, where the format keeps them wider
 
     @property
     def perplexity_increase_pct(self) -> float | None:
@@ -90,7 +91,7 @@ def _data() -> tuple[tuple[QuantFormat, ...], tuple[KvDtype, ...]]:
             bits_per_weight_non_expert=r["bits_per_weight_non_expert"], engines=tuple(r["engines"]),
             gguf_type=r["gguf_type"], llama_ftype=r["llama_ftype"], compute_bits=int(r["compute_bits"]),
             source=r["source"], description=r["description"], aliases=tuple(r.get("aliases", ())),
-            quality=r.get("quality"),
+            quality=r.get("quality"), embedding_bits=r.get("embedding_bits"),
         )
         for r in raw["formats"]
     )

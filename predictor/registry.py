@@ -45,6 +45,13 @@ _REREAD = "uncalibrated: every re-read of a K/V row by another query head of its
 _DEQUANT = 'uncalibrated: decode is taken as purely bandwidth bound, as the public calculators assume'
 _GENERIC = 'uncalibrated: every CPU matmul format taken at one compute efficiency'
 _UNPACK = 'not fitted engine-wide: prefill on a unified-memory GPU is taken as purely matmul bound unless its device or family was measured'
+_SAMPLER = ("tests/data/vllm/llm-d/: vLLM's logged peak activation on an H100 at its default 1,024 sequences "
+            "(llm-d's summaries: Qwen3-0.6B 5.56 GiB, Llama-3.1-8B 4.76, Qwen3-32B 5.64) less the analytical forward "
+            "pass of 8,192 tokens, over one f32 logits buffer (1,024 x vocabulary x 4 bytes): 9.3, 8.3 and 7.8 buffers, "
+            "the median 8.3 less the logits themselves")
+_VISIBLE = ("tests/data/imported/vllm-logs/ and tests/data/vllm/llm-d/: the total vLLM logged over the catalogue's "
+            "memory: T4 14.74 / 15 GiB, "
+            "RTX 3090 23.58 / 24, H100 SXM 79.18 / 79.65 (0.983, 0.983, 0.994); the median")
 _SCORES = ('physics: each score moves 26 bytes at peak bandwidth (llama.cpp without flash attention: the KQ product '
            'written in FP16 and converted to F32, read with the mask by the softmax and written, converted to FP16 '
            'for the KQV product and read by it), 4 / 26 of the 4-byte write the term counts')
@@ -328,6 +335,31 @@ _COEFFICIENTS: tuple[Coefficient, ...] = (
             "llama.cpp": (0.0, 'not used by llama.cpp'),
             "vllm": (0.3, "uncalibrated: vLLM's non_torch_memory line, a few hundred MiB"),
         },
+        engines=("vllm",),
+    ),
+    Coefficient(
+        name="vllm_sampler_copies",
+        unit="x logits",
+        meaning="vLLM on a GPU: the logits-sized buffers its sampler's warm-up adds to the profile run's peak beyond "
+                "the logits themselves (top-k/top-p sorts the max_num_seqs x vocabulary logits), which the KV pool "
+                "is net of",
+        defaults={
+            "llama.cpp": (0.0, 'not used by llama.cpp'),
+            "vllm": (7.3, _SAMPLER),
+        },
+        kinds=("gpu",),
+        engines=("vllm",),
+    ),
+    Coefficient(
+        name="vllm_visible_memory_share",
+        unit="x memory",
+        meaning="vLLM on a GPU: the share of the device's memory the CUDA driver reports as its total, which "
+                "gpu_memory_utilization is a fraction of",
+        defaults={
+            "llama.cpp": (1.0, 'not used by llama.cpp'),
+            "vllm": (0.983, _VISIBLE),
+        },
+        kinds=("gpu",),
         engines=("vllm",),
     ),
     Coefficient(

@@ -22,7 +22,7 @@ from predictor.architecture import ModelArch
 from predictor.devices import Device, resolve_device
 from predictor.engines import traits
 from predictor.errors import BenchcalError, non_negative, positive
-from predictor.memory import VLLM_MAX_BATCHED_TOKENS, VLLM_MAX_NUM_SEQS
+from predictor.memory import vllm_batch_defaults
 from predictor.models import resolve_model
 from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype, resolve_quant
 from predictor.weights import WEIGHTS_FROM_FILE, format_bits, kernel_kwargs, known_weights_bytes
@@ -39,7 +39,7 @@ class Scenario:
     """What one prediction describes. ``model`` and ``device`` are catalogue ids (or names) or resolved objects;
     ``quant`` None is the GGUF's own type or the engine's default format; ``kv_dtype`` None the engine's default;
     ``engine_build`` None the newest era with data; ``host_*`` None the defaults for the host beside a GPU (a CPU
-    device's own figures on a CPU); ``gpu_memory_utilization`` None vLLM's default (0.9); ``weights_bytes`` None
+    device's own figures on a CPU); ``gpu_memory_utilization`` None vLLM's default (0.92); ``weights_bytes`` None
     the weights sized from the model and the format (its GGUF file, llama-quantize's tensor types, else the format's
     average width)."""
 
@@ -61,8 +61,8 @@ class Scenario:
     enforce_eager: bool = False
     gpu_memory_utilization: float | None = None
     weights_bytes: float | None = None  # the weights' tensor bytes when known (a measured file); None: sized
-    max_num_seqs: int | None = None  # vLLM: the most sequences a batch holds (None: 256, its default)
-    max_num_batched_tokens: int | None = None  # vLLM: tokens one step may take (None: 8192, the offline default)
+    max_num_seqs: int | None = None  # vLLM: the most sequences a batch holds (None: its default on the device)
+    max_num_batched_tokens: int | None = None  # vLLM: tokens one step may take (None: its default on the device)
 
     def replace(self, **changes: Any) -> Scenario:
         """A copy with ``changes`` applied (``dataclasses.replace``)."""
@@ -189,6 +189,7 @@ def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | No
         exact, weights_source = known_weights_bytes(arch, q, eng)
     expert_bits, other_bits = format_bits(arch, q, eng)
     host_bw = float(s.host_bandwidth_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else DEFAULT_HOST_BANDWIDTH_GBS))
+    batch_defaults = vllm_batch_defaults(dev)
     kwargs = {
         **device_kwargs(dev, eng),
         "bits_per_weight": expert_bits,
@@ -200,8 +201,8 @@ def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | No
         "host_bandwidth_gbs": host_bw,
         "host_memory_gib": s.host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
         "enforce_eager": s.enforce_eager,
-        "max_batched_tokens": s.max_num_batched_tokens or VLLM_MAX_BATCHED_TOKENS,
-        "max_num_seqs": s.max_num_seqs or VLLM_MAX_NUM_SEQS,
+        "max_batched_tokens": s.max_num_batched_tokens or batch_defaults[0],
+        "max_num_seqs": s.max_num_seqs or batch_defaults[1],
         **kernel_kwargs(arch, q.id),
     }
     return ScenarioInputs(q, kv, exact, weights_source, kwargs)

@@ -2,12 +2,14 @@
 
 vLLM's GPU worker profiles one forward pass, then gives the KV cache what is left of its share of the device:
 
-    kv_pool = gpu_memory_utilization x device memory - (weights + non-torch + activation peak + CUDA graphs)
+    kv_pool = gpu_memory_utilization x device total - (weights + non-torch + activation peak + CUDA graphs)
 
-(``vllm/v1/worker/gpu_worker.py``, ``determine_available_memory``: "Available KV cache memory"; the CUDA context
-is part of the non-torch memory it measures). The predictor's memory model gives each term per device (the weights
-on the device, ``runtime_bytes``: the fixed runtime, ``vllm_non_torch_gib``, ``vllm_graph_gib`` and the profile
-run's activations), so the pool is that formula over them. The pool is cut into blocks of
+(``vllm/v1/worker/gpu_worker.py``, ``determine_available_memory``: "Available KV cache memory"; 0.32.0). The
+device total is what the CUDA driver reports, a little under the catalogue's memory (``vllm_visible_memory_share``);
+the memory the worker held before it loaded the model (the CUDA context, ``runtime_fixed_gib``) is not taken from
+the pool. The predictor's memory model gives each other term per device (the weights on the device and, in
+``runtime_bytes``, ``vllm_non_torch_gib``, ``vllm_graph_gib`` and the profile run's activations with its sampler's
+buffers, ``vllm_sampler_copies``), so the pool is that formula over them. The pool is cut into blocks of
 ``traits("vllm").kv_block_tokens`` tokens; vLLM logs it as "GPU KV cache size: N tokens" and "Maximum
 concurrency for C tokens per request: N / C x" (``vllm/v1/core/kv_cache_utils.py``), which
 ``max_concurrent_sequences`` is (whole sequences: rounded down).
@@ -23,16 +25,15 @@ from predictor.engines import traits
 from predictor.quants import resolve_kv_dtype
 
 GIB = float(2**30)
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vllm serve's default (EngineArgs.gpu_memory_utilization)
 
 
-def kv_pool(est: Any, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+def kv_pool(est: Any, gpu_memory_utilization: float = mem.VLLM_GPU_MEMORY_UTILIZATION,
             max_num_seqs: int | None = None) -> dict[str, Any] | None:
     """``{kv_pool_gib, kv_pool_tokens, max_concurrent_sequences, max_running_sequences, gpu_memory_utilization,
     max_num_seqs, formula}`` for a vLLM prediction on a GPU (``est``: a :class:`predictor.estimate.Estimate`), per
     device of a tensor-parallel group; None for another engine or device kind (llama.cpp sizes its cache by
     ``--ctx`` instead). ``max_concurrent_sequences`` is what the pool holds (vLLM's "Maximum concurrency" log
-    line); ``max_running_sequences`` also respects ``max_num_seqs`` (default 256)."""
+    line); ``max_running_sequences`` also respects ``max_num_seqs`` (default: vLLM's on the device)."""
     if not traits(est.engine).profiled_runtime or est.device.kind not in ("gpu", "cpu"):
         return None
     v = est.values
@@ -42,19 +43,21 @@ def kv_pool(est: Any, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZA
     if est.device.kind == "cpu":
         pool, formula, block, extra = _cpu_pool(est, gpu_memory_utilization, per_device_weights)
     else:
-        per_device_runtime = float(v["runtime_bytes"]) / n
-        requested = gpu_memory_utilization * est.device.memory_gib * GIB
+        # the runtime the profile measures: all but the context the worker held before it (runtime_fixed_gib)
+        per_device_runtime = float(v["runtime_bytes"]) / n - float(est.coefficients["runtime_fixed_gib"]) * GIB
+        share = float(est.coefficients["vllm_visible_memory_share"])
+        requested = gpu_memory_utilization * share * est.device.memory_gib * GIB
         pool = max(requested - per_device_weights - per_device_runtime, 0.0)
         block = traits(est.engine).kv_block_tokens
-        formula = (f"{gpu_memory_utilization:g} x {est.device.memory_gib:g} GiB - weights "
-                   f"{per_device_weights / GIB:.2f} GiB - runtime {per_device_runtime / GIB:.2f} GiB (fixed, "
-                   "non-torch, CUDA graphs, profile-run activations) per device")
+        formula = (f"{gpu_memory_utilization:g} x {share:g} x {est.device.memory_gib:g} GiB - weights "
+                   f"{per_device_weights / GIB:.2f} GiB - runtime {per_device_runtime / GIB:.2f} GiB (non-torch, "
+                   "CUDA graphs, profile-run activations and sampler buffers) per device")
     # KV bytes one sequence of the asked context takes on each device (sliding windows capped, blocks rounded)
     per_sequence = float(mem.kv_cache_bytes(est.model, est.context, 1, _kv_bytes(est), est.engine)) / n
     tokens = int(pool / per_sequence * est.context) if per_sequence > 0 else 0
     tokens -= tokens % block
     held = int(pool // per_sequence) if per_sequence > 0 else 0
-    seqs = int(max_num_seqs or mem.VLLM_MAX_NUM_SEQS)
+    seqs = int(max_num_seqs or mem.vllm_batch_defaults(est.device)[1])
     return {
         "gpu_memory_utilization": gpu_memory_utilization,
         "max_num_seqs": seqs,

@@ -2,7 +2,9 @@
 
 The exact bytes of the model's own GGUF file; for llama.cpp quantization mixes, the file llama-quantize writes
 (``predictor.gguf_layout``); for an unquantized GGUF of a checkpoint whose experts are MXFP4 (gpt-oss), those
-experts kept beside 16-bit other weights; else the format's average width (``predictor/data/quants.json``).
+experts kept beside 16-bit other weights; for a format that quantizes the linear layers only (vLLM's AWQ, GPTQ,
+FP8), the input embedding and LM head at their own width; else the format's average width
+(``predictor/data/quants.json``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ WEIGHTS_FROM_FILE = "GGUF file"
 WEIGHTS_FROM_PLAN = "llama-quantize tensor types"
 WEIGHTS_FROM_WIDTH = "average width"
 WEIGHTS_FROM_NATIVE_EXPERTS = "MXFP4 experts kept"
+WEIGHTS_FROM_WIDE_EMBEDDINGS = "16-bit embeddings and LM head"
 # Formats a checkpoint is converted to without quantizing: published F16 GGUFs of gpt-oss keep the checkpoint's
 # MXFP4 experts (gpt-oss-20b from two sources: 13.8 GB, not 2 bytes x 20.9B parameters).
 _UNQUANTIZED = frozenset({"F32", "F16", "BF16"})
@@ -48,6 +51,10 @@ def known_weights_bytes(arch: ModelArch, quant: QuantFormat, engine: str) -> tup
     expert_bits, other_bits = format_bits(arch, quant, engine)
     if other_bits is not None and quant.bits_per_weight_non_expert is None:
         return float(mem.weights_bytes(arch, expert_bits, other_bits)), WEIGHTS_FROM_NATIVE_EXPERTS
+    if quant.embedding_bits is not None and quant.bits_per_weight is not None and not traits(engine).gguf:
+        wide = arch.params_embedding + (arch.params_output or 0)  # a tied LM head is the embedding table itself
+        narrow = arch.params_total - wide
+        return (narrow * quant.bits_per_weight + wide * quant.embedding_bits) / 8.0, WEIGHTS_FROM_WIDE_EMBEDDINGS
     if traits(engine).gguf:
         planned = planned_weights_bytes(arch, quant.id)
         if planned is not None:

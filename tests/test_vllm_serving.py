@@ -9,7 +9,7 @@ from benchcal.cli import main
 from predictor import memory as mem
 from predictor.errors import BenchcalError
 from predictor.estimate import predict
-from predictor.serving import DEFAULT_GPU_MEMORY_UTILIZATION
+from predictor.memory import VLLM_GPU_MEMORY_UTILIZATION as DEFAULT_GPU_MEMORY_UTILIZATION
 
 GIB = 2**30
 
@@ -27,8 +27,11 @@ def test_vllm_keeps_the_input_embedding_of_an_untied_model_on_the_gpu():
 def test_the_kv_pool_is_what_vllms_share_of_the_device_leaves():
     est = predict("llama-3.1-8b", "h100-sxm", "BF16", 8192, "vllm", coefficients=None, launch=False)
     s = est.serving
-    assert s["gpu_memory_utilization"] == DEFAULT_GPU_MEMORY_UTILIZATION
-    expected = 0.9 * est.device.memory_gib * GIB - est.values["weights_bytes"] - est.values["runtime_bytes"]
+    assert s["gpu_memory_utilization"] == DEFAULT_GPU_MEMORY_UTILIZATION == 0.92  # vllm serve's default (0.32.0)
+    c = est.coefficients
+    profiled = est.values["runtime_bytes"] - c["runtime_fixed_gib"] * GIB  # the context predates the profile run
+    total = c["vllm_visible_memory_share"] * est.device.memory_gib * GIB  # what the driver reports
+    expected = 0.92 * total - est.values["weights_bytes"] - profiled
     assert s["kv_pool_gib"] == pytest.approx(expected / GIB, abs=1e-3)
     per_token = float(mem.kv_cache_bytes(est.model, 8192, 1, 2.0, "vllm")) / 8192  # 128 KiB: 32 x 8 x 128 x 2 x 2
     assert per_token == 32 * 8 * 128 * 2 * 2
@@ -104,3 +107,24 @@ def test_the_predicted_cpu_pool_is_within_5_percent_of_what_vllm_logged():
     for c in checks:  # the worker figure fitted on the host's other runs: the pool of a run it never saw
         assert abs(c["held_out_error"]) <= 0.05 or abs(c["held_out_gib"] - c["logged_gib"]) <= 0.5
         assert c["held_out_from"] == "the host's other profiled runs"
+
+
+def test_vllm_batch_defaults_follow_the_device_as_vllm_serve_picks_them():
+    from predictor.devices import resolve_device
+
+    assert mem.vllm_batch_defaults(resolve_device("b200")) == (16384, 1024)  # 160 GiB or more
+    assert mem.vllm_batch_defaults(resolve_device("h200")) == (8192, 1024)  # 140 GiB
+    assert mem.vllm_batch_defaults(resolve_device("h100-sxm")) == (8192, 1024)
+    assert mem.vllm_batch_defaults(resolve_device("a100-sxm-80gb")) == (2048, 256)  # A100s keep the small budget
+    assert mem.vllm_batch_defaults(resolve_device("l40s")) == (2048, 256)
+    h100 = predict("qwen3-0.6b", "h100-sxm", "BF16", 16384, "vllm", coefficients=None, launch=False)
+    l40s = predict("qwen3-0.6b", "l40s", "BF16", 16384, "vllm", coefficients=None, launch=False)
+    assert h100.serving["max_num_seqs"] == 1024 and l40s.serving["max_num_seqs"] == 256
+    # the sampler's warm-up buffers: 1 + vllm_sampler_copies logits buffers of max_num_seqs x vocabulary x 4 bytes
+    logits = mem.vllm_logits_bytes(h100.model, 1024)
+    sampler = h100.coefficients["vllm_sampler_copies"] * logits
+    assert sampler > 4 * GIB  # what llm-d logged on an H100 (5.56 GiB peak activation for this model)
+    eager = predict("qwen3-0.6b", "h100-sxm", "BF16", 16384, "vllm", coefficients=None, launch=False,
+                    enforce_eager=True)
+    assert h100.values["runtime_bytes"] - eager.values["runtime_bytes"] == pytest.approx(
+        h100.coefficients["vllm_graph_gib"] * GIB)

@@ -89,9 +89,10 @@ def _serving(dirs: list[str], table: dict) -> dict:
 
 def cmd_calibrate(args) -> int:
     from calibration.crossval import annotate, cross_validate
-    from calibration.kvpool import kv_pool_checks
+    from calibration.kvpool import gpu_kv_pool_checks, gpu_pool_summary, kv_pool_checks
     from calibration.output import write_table
     from calibration.table import fit_table
+    from predictor.coefficients import Coefficients
     from predictor.userdata import user_calibration_dir
 
     dataset, dirs = _dataset(args)
@@ -112,6 +113,13 @@ def cmd_calibrate(args) -> int:
         print(f"vLLM KV pool on {check['device']}, {check['model']}: logged {check['logged_gib']:.2f} GiB, predicted "
               f"{check['in_sample_gib']:.2f} in-sample ({check['in_sample_error']:+.1%}), {check['held_out_gib']:.2f} "
               f"held out ({check['held_out_error']:+.1%}; worker from {check['held_out_from']})")
+    gpu_pools = gpu_kv_pool_checks(dirs, Coefficients(table))
+    if gpu_pools:
+        table["vllm_gpu_kv_pool_checks"] = {"summary": gpu_pool_summary(gpu_pools), "logs": gpu_pools}
+        summary = table["vllm_gpu_kv_pool_checks"]["summary"]
+        print(f"vLLM KV pool on GPUs, {summary['n']} imported logs (none fitted): median |error| "
+              f"{summary['median_abs_error']:.1%}, mean {summary['mean_abs_error']:.1%}, "
+              f"max {summary['max_abs_error']:.1%}" if summary["n"] else "vLLM KV pool on GPUs: no scored log")
     for path in write_table(table, out, dirs):
         print(f"wrote {path}")
     metrics = table.get("cross_validation") or {}
@@ -157,8 +165,10 @@ def cmd_check(args) -> int:
 
     table = _table(args.coefficients, shipped_only=True)
     dataset, dirs = _dataset(args, str(shipped_runs_dir()))
+    from calibration.kvpool import gpu_kv_pool_checks
+
     result = run_check(dataset, table, thresholds, None if args.write_baseline else load_baseline(baseline_path),
-                       include_noisy=args.include_noisy)
+                       include_noisy=args.include_noisy, gpu_pools=gpu_kv_pool_checks(dirs, table))
     if args.write_baseline:
         if baseline_path is None:
             raise BenchcalError("--write-baseline needs a --baseline path")
@@ -213,8 +223,21 @@ def cmd_import_llama_log(args) -> int:
         file, model=args.model, runs_dir=runs, gpu=args.gpu, source_url=args.source_url))
 
 
+def cmd_import_vllm_log(args) -> int:
+    from calibration.importers_vllm_log import import_vllm_log
+
+    settings = {"gpu_memory_utilization": args.gpu_memory_utilization, "max_model_len": args.max_model_len,
+                "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+                "enforce_eager": True if args.enforce_eager else None, "kv_cache_dtype": args.kv_cache_dtype,
+                "vllm_version": args.vllm_version}
+    return _import_files(args, lambda file, runs: import_vllm_log(
+        file, model=args.model, runs_dir=runs, gpu=args.gpu, quant=args.quant, source_url=args.source_url,
+        **settings))
+
+
 def cmd_import_missing_kind(args) -> int:
-    raise BenchcalError("import needs a kind: llama-bench, llama-log or vllm-bench (see benchcal import --help)")
+    raise BenchcalError("import needs a kind: llama-bench, llama-log, vllm-bench or vllm-log (see benchcal import "
+                        "--help)")
 
 
 def _positive_int(text: str) -> int:
@@ -263,20 +286,23 @@ def register(sub) -> None:
                    "spread more than 5%% (left out by default)")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("import", help="import llama-bench, llama.cpp log or vLLM benchmark results as run records",
+    p = sub.add_parser("import", help="import llama-bench, llama.cpp log, vLLM benchmark results or vLLM logs as run records",
                        formatter_class=RAW, epilog="examples:\n  benchcal import llama-bench results.json "
                        "--model llama-3.1-8b\n  benchcal import vllm-bench serve.json --model qwen2.5-7b --gpu h100-sxm")
     kinds = p.add_subparsers(dest="kind", metavar="KIND", parser_class=type(p))
     for name, func, helptext in (("llama-bench", cmd_import_llama_bench, "llama-bench md/csv/json/jsonl output"),
                                  ("llama-log", cmd_import_llama_log, "llama-cli / llama-perplexity logs (their timing "
                                   "lines), as llama.cpp's CI keeps them"),
-                                 ("vllm-bench", cmd_import_vllm_bench, "vllm bench serve/latency/throughput JSON")):
+                                 ("vllm-bench", cmd_import_vllm_bench, "vllm bench serve/latency/throughput JSON"),
+                                 ("vllm-log", cmd_import_vllm_log, "a vLLM server's start-up log on a GPU: the KV "
+                                  "pool it sized, which benchcal calibrate checks the predicted pool against")):
         k = kinds.add_parser(name, help=helptext, formatter_class=RAW,
                              epilog=f"example:\n  benchcal import {name} FILE --model llama-3-8b --gpu rtx-4090")
         k.add_argument("files", nargs="+", metavar="FILE", help="result file(s)")
         k.add_argument("--model", required=True, help="catalogue model the results are for (e.g. llama-3-8b)")
-        k.add_argument("--gpu", default=None, help="device id or name (default: from the file)")
-        if name != "llama-log":
+        k.add_argument("--gpu", required=name == "vllm-log", default=None,
+                       help="device id or name" + ("" if name == "vllm-log" else " (default: from the file)"))
+        if name not in ("llama-log", "vllm-log"):
             k.add_argument("--gpus", type=_positive_int, default=None,
                            help="number of GPUs used (default 1, or the file's)")
         k.add_argument("--runs-dir", default=None, help="where records go (default: imported/ in your runs, "
@@ -287,5 +313,17 @@ def register(sub) -> None:
             k.add_argument("--input-len", type=_positive_int, default=None, help="prompt tokens (latency/throughput)")
             k.add_argument("--output-len", type=_positive_int, default=None, help="output tokens (latency/throughput)")
             k.add_argument("--batch-size", type=_positive_int, default=None, help="batch size (latency)")
+        if name == "vllm-log":
+            k.add_argument("--quant", default="BF16", help="weight format served (default BF16)")
+            unprinted = " (when the log does not print it)"
+            k.add_argument("--gpu-memory-utilization", type=float, default=None, help="the run's" + unprinted)
+            k.add_argument("--max-model-len", type=_positive_int, default=None, help="the run's" + unprinted)
+            k.add_argument("--max-num-seqs", type=_positive_int, default=None,
+                           help="the run's" + unprinted + "; default vLLM's on the device")
+            k.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
+                           help="the run's" + unprinted + "; default vLLM's on the device")
+            k.add_argument("--enforce-eager", action="store_true", help="the run had no CUDA graphs" + unprinted)
+            k.add_argument("--kv-cache-dtype", default=None, help="the run's" + unprinted + "; default auto")
+            k.add_argument("--vllm-version", default=None, help="the run's" + unprinted)
         k.set_defaults(func=func)
     p.set_defaults(func=cmd_import_missing_kind)

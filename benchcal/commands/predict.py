@@ -233,11 +233,13 @@ def register(sub) -> None:
                    "(7474 or b7474) or a vLLM version; its era's fitted values are used (default: the newest era "
                    "with data; eras in predictor/data/engine_eras.json)")
     p.add_argument("--gpu-memory-utilization", type=share, default=None, help="vLLM: share of each GPU it may use, "
-                   "its KV pool being what is left after weights and runtime (default 0.9, as vllm serve)")
+                   "its KV pool being what is left after weights and runtime (default 0.92, as vllm serve)")
     p.add_argument("--max-num-seqs", type=positive_int, default=None, help="vLLM: the most sequences a batch holds "
-                   "(default 256): caps the running sequences and sizes the profile run's sampled logits")
+                   "(default vllm serve's on the device: 1024 on one of 70 GiB or more but an A100, else 256): caps the "
+                   "running sequences and sizes the profile run's sampled logits")
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help="vLLM: tokens one step may "
-                   "take (default 8192): the profile run's activation peak grows with it")
+                   "take (default vllm serve's on the device: 16384 from 160 GiB, 8192 from 70 GiB but an A100, other GPUs "
+                   "2048; 8192 on a CPU): the profile run's activation peak grows with it")
     p.add_argument("--concurrency", type=positive_int, default=None, help="also predict the server under this many "
                    "requests in flight (--prompt-token prompts, --output-tokens each): throughput, TTFT, TPOT")
     p.add_argument("--request-rate", type=positive_float, default=None, help="also predict the server under Poisson "
