@@ -17,9 +17,11 @@ MIN_PRIOR_DEVICES = 4  # a regression on device figures from fewer devices than 
 
 
 def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
-    """The physics prior (:mod:`predictor.prior`) per device kind, from the device scopes just fitted: the
-    median bandwidth efficiency per memory class, and the prefill efficiency's log-linear fall with the
-    device's FLOPS per byte. Only identified device values count; CPUs (probed, not catalogued) are left out."""
+    """The physics prior (:mod:`predictor.prior`) per device kind, from the device scopes just fitted: decode's
+    bandwidth efficiency limited by the bytes each compute unit keeps in flight (else the median per memory
+    class), prefill's matmul efficiency limited by the FLOPs each compute unit issues per cycle (else its
+    log-linear fall with the device's FLOPS per byte). Only identified device values count; CPUs (probed, not
+    catalogued) are left out."""
     from predictor.devices import resolve_device
     from predictor.errors import BenchcalError
     from predictor.prior import flops_per_byte, memory_class
@@ -61,21 +63,43 @@ def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
                 "rule": "min(cap, bytes_per_cycle / b), b = the device's peak bandwidth per compute unit per clock cycle "
                         "(bytes): least squares in log space over the measured devices, bytes_per_cycle the smallest "
                         "the fit allows; a device without unit and clock figures takes its memory class's median"}
+        flops_units = [(d, _flops_per_unit_cycle(dev, engine), float(e["prefill_compute_efficiency"]["value"]))
+                       for d, dev, e in rows if (e.get("prefill_compute_efficiency") or {}).get("identified")]
+        flops_units = [(d, f, v) for d, f, v in flops_units if f]
+        if len(flops_units) >= MIN_PRIOR_DEVICES:
+            # in thousands of FLOP per unit per cycle, the scale fit_unit_limit's grid spans
+            cap, per_cycle = fit_unit_limit([f / 1e3 for _, f, _ in flops_units], [v for _, _, v in flops_units])
+            entry.setdefault("prefill_compute_efficiency", {})["unit_limit"] = {
+                "cap": rounded(cap), "flops_per_cycle": rounded(per_cycle * 1e3),
+                "flops_per_unit_cycle_range": [rounded(min(f for _, f, _ in flops_units)),
+                                               rounded(max(f for _, f, _ in flops_units))],
+                "devices": sorted(d for d, _, _ in flops_units),
+                "rule": "min(cap, flops_per_cycle / f), f = the device's matmul peak per compute unit per clock cycle "
+                        "(FLOP): least squares in log space over the measured devices, flops_per_cycle the smallest "
+                        "the fit allows; a device without unit and clock figures takes the FLOPS-per-byte fit"}
         if len(fl) >= MIN_PRIOR_DEVICES:
             x = np.array([r for _, _, r in fl])
             y = np.array([v for _, v, _ in fl])
             slope, intercept = np.polyfit(x, y, 1)
             if slope > 0:  # efficiency does not rise with FLOPS per byte: a flat prior, the median
                 slope, intercept = 0.0, float(np.median(y))
-            entry["prefill_compute_efficiency"] = {
+            entry.setdefault("prefill_compute_efficiency", {}).update({
                 "log_intercept": rounded(float(intercept)), "log_slope": rounded(float(slope)),
                 "ratio_range": [rounded(float(np.exp(x.min()))), rounded(float(np.exp(x.max())))],
                 "devices": sorted(d for d, _, _ in fl),
                 "rule": "exp(log_intercept + log_slope * ln(r)), r = matmul TFLOPS / bandwidth GB/s clipped to the "
-                        "measured devices' range, least squares in log space (slope at most 0)"}
+                        "measured devices' range, least squares in log space (slope at most 0)"})
         if entry:
             out.setdefault("kinds", {})[kind] = entry
     return out
+
+
+def _flops_per_unit_cycle(device: Any, engine: str) -> float | None:
+    """The device's matmul peak for ``engine`` per compute unit per clock cycle (FLOP), None without figures."""
+    tflops = device.matmul_tflops(engine)
+    if not tflops or not device.compute_units or not device.boost_clock_mhz:
+        return None
+    return float(tflops) * 1e12 / (device.compute_units * device.boost_clock_mhz * 1e6)
 
 
 def fit_unit_limit(bytes_per_unit_cycle: list[float], efficiencies: list[float]) -> tuple[float, float]:

@@ -156,8 +156,10 @@ class Coefficients:
         if physics and used[-1][0] == "engine":
             from predictor.prior import prior_values
 
+            units, clock = getattr(device, "compute_units", None), getattr(device, "boost_clock_mhz", None)
             prior = prior_values(physics, getattr(device, "memory_type", None), device.matmul_tflops(engine),
-                                 getattr(device, "bandwidth_gbs", None), getattr(device, "bytes_per_unit_cycle", None))
+                                 getattr(device, "bandwidth_gbs", None), getattr(device, "bytes_per_unit_cycle", None),
+                                 units * clock * 1e6 if units and clock else None)
             values.update(prior)
             origin.update({name: f"prior:physics/{kind}" for name in prior})
             for name in prior:

@@ -15,10 +15,14 @@ measured devices, and the prior predicts them from those figures instead
   the fit allows (a kind none of whose measured devices is limited gives the largest ``c`` none of them
   contradicts). A device without unit and clock figures takes the median of the measured devices of its memory
   class (:func:`memory_class`), else of all devices of the kind.
-- ``prefill_compute_efficiency``: the share of the matmul peak prefill reaches falls as the device's ratio of
-  FLOPS to bandwidth rises (the quantized tiles must still be read and unpacked). Prior: ``exp(a + b *
-  ln(TFLOPS / (GB/s)))``, least squares in log space over the kind's measured devices, the slope at most 0
-  and the ratio clipped to the range those devices span.
+- ``prefill_compute_efficiency``: the share of the matmul peak prefill reaches is capped the same way by what each
+  compute unit issues per cycle: llama.cpp's kernels reach about 1,000 FLOP per SM per cycle on every NVIDIA
+  GPU measured, the whole FP16 tensor peak of a GeForce Ampere or Ada SM (1,024) but half an A100's (2,048) and a
+  quarter of an H100's (3,779; measured 0.43-0.51 and 0.27 of peak). Prior: ``min(cap, c / f)``, ``f`` the
+  device's matmul peak per compute unit per clock cycle, fitted as the decode limit. A device without unit and
+  clock figures takes the older rule: the efficiency falls as the device's ratio of FLOPS to bandwidth rises,
+  ``exp(a + b * ln(TFLOPS / (GB/s)))``, least squares in log space over the kind's measured devices, the slope at
+  most 0 and the ratio clipped to the range those devices span.
 
 Every other coefficient stays the engine scope's. The table's ``physics`` entry names the devices each prior
 came from and its error band: the p90 error of leave-one-family-out predictions made through it.
@@ -59,8 +63,10 @@ def unit_limited_efficiency(cap: float, bytes_per_cycle: float, bytes_per_unit_c
 
 
 def prior_values(entry: Mapping[str, Any], memory_type: str | None, tflops: float | None,
-                 bandwidth_gbs: float | None, bytes_per_unit_cycle: float | None = None) -> dict[str, float]:
-    """The prior's values for one device from a kind's ``physics`` entry (empty where it has no figure)."""
+                 bandwidth_gbs: float | None, bytes_per_unit_cycle: float | None = None,
+                 unit_cycles_per_s: float | None = None) -> dict[str, float]:
+    """The prior's values for one device from a kind's ``physics`` entry (empty where it has no figure).
+    ``unit_cycles_per_s``: compute units x clock (Hz), which turns ``tflops`` into FLOP per unit per cycle."""
     out: dict[str, float] = {}
     bw = entry.get("decode_bw_efficiency") or {}
     limit = bw.get("unit_limit") or {}
@@ -73,7 +79,11 @@ def prior_values(entry: Mapping[str, Any], memory_type: str | None, tflops: floa
         out["decode_bw_efficiency"] = float(cls["value"])
     fl = entry.get("prefill_compute_efficiency") or {}
     ratio = flops_per_byte(tflops, bandwidth_gbs)
-    if ratio is not None and fl.get("log_intercept") is not None:
+    flops_limit = fl.get("unit_limit") or {}
+    if flops_limit.get("cap") is not None and tflops and unit_cycles_per_s:
+        out["prefill_compute_efficiency"] = unit_limited_efficiency(
+            flops_limit["cap"], flops_limit["flops_per_cycle"], float(tflops) * 1e12 / float(unit_cycles_per_s))
+    elif ratio is not None and fl.get("log_intercept") is not None:
         low, high = REGISTRY["prefill_compute_efficiency"].bounds  # the range a fitted value may take
         if fl.get("ratio_range"):  # no extrapolation beyond the devices the prior was fitted on
             ratio = min(max(ratio, float(fl["ratio_range"][0])), float(fl["ratio_range"][1]))

@@ -45,6 +45,18 @@ def test_the_unit_limit_caps_the_efficiency_of_a_device_whose_sms_cannot_carry_i
     assert unit_limited_efficiency(0.9, 7.0, 20.0) == pytest.approx(0.35)
 
 
+def test_prefill_takes_the_flops_each_unit_issues_per_cycle_where_the_device_has_unit_and_clock_figures():
+    entry = {"prefill_compute_efficiency": {**ENTRY["prefill_compute_efficiency"],
+                                            "unit_limit": {"cap": 0.48, "flops_per_cycle": 1000.0}}}
+    # an H100 PCIe: 756 TFLOPS over 114 SMs at 1.755 GHz, 3,779 FLOP per SM per cycle
+    h100 = prior_values(entry, "HBM2e", 756.0, 2000.0, None, 114 * 1.755e9)
+    assert h100["prefill_compute_efficiency"] == pytest.approx(1000.0 / 3779.0, rel=1e-3)
+    rtx = prior_values(entry, "GDDR6X", 330.4, 1008.0, None, 128 * 2.52e9)  # 1,024: at the cap
+    assert rtx["prefill_compute_efficiency"] == 0.48
+    # without unit and clock figures: the FLOPS-per-byte rule
+    assert prior_values(entry, "HBM3", 400.0, 2000.0)["prefill_compute_efficiency"] == pytest.approx(0.3 * 0.2 ** -0.25)
+
+
 def test_the_unit_limit_fit_recovers_cap_and_limit_and_otherwise_takes_the_largest_limit_not_contradicted():
     b = [2.3, 3.1, 3.8, 5.1, 6.7, 10.0, 13.4]
     eff = [unit_limited_efficiency(0.92, 6.8, x) for x in b]
@@ -69,6 +81,9 @@ def test_the_shipped_prior_limits_the_bytes_each_sm_carries_and_states_its_band(
     assert 0.8 <= limit["cap"] <= 1.0 and 5.0 <= limit["bytes_per_cycle"] <= 9.0  # A100s and the H100 bind: ~6.7
     assert {"a100-sxm-80gb", "h100-pcie", "rtx-4090"} <= set(limit["devices"])
     assert entry["prefill_compute_efficiency"]["log_slope"] <= 0
+    flops = entry["prefill_compute_efficiency"]["unit_limit"]  # the A100s and the H100 bind at ~1,000 FLOP/SM/cycle
+    assert 0.3 <= flops["cap"] <= 0.7 and 700 <= flops["flops_per_cycle"] <= 1300
+    assert {"a100-sxm-80gb", "h100-pcie"} <= set(flops["devices"])
     assert entry["error_band"]["decode"] > 0 and "LOFO" in entry["error_band_source"]
 
 
