@@ -61,8 +61,14 @@ _MEAN_STD = re.compile(r"^\s*([0-9.]+)\s*(?:±|\+-|\+/-)\s*([0-9.]+)\s*$")
 # ------------------------------------------------------------------------------------------- parsing
 
 
+def _is_compare_header(cells: list[str]) -> bool:
+    """A ``scripts/compare-llama-bench.py`` table: ``Model``, ``Test`` and one ``t/s <build>`` column per build."""
+    return "Model" in cells and "Test" in cells and any(c.startswith("t/s ") for c in cells)
+
+
 def _md_rows(text: str) -> list[dict[str, str]]:
-    """Rows of every llama-bench markdown table in ``text`` as {column: cell}."""
+    """Rows of every llama-bench markdown table in ``text`` as {column: cell}, and of every table
+    ``scripts/compare-llama-bench.py`` prints (its columns capitalized: ``Model``, ``Test``, ``t/s <build>``)."""
     rows: list[dict[str, str]] = []
     header: list[str] | None = None
     for line in text.splitlines():
@@ -72,7 +78,7 @@ def _md_rows(text: str) -> list[dict[str, str]]:
             continue
         cells = [c.strip() for c in stripped.strip("|").split("|")]
         if header is None:
-            header = cells if "test" in cells and "model" in cells else None
+            header = cells if ("test" in cells and "model" in cells) or _is_compare_header(cells) else None
             continue
         if all(set(c) <= set("-: ") for c in cells):
             continue
@@ -100,8 +106,31 @@ def _parse_test(name: str) -> tuple[int, int, int] | None:
     return int(pp), int(tg), d
 
 
+# compare-llama-bench columns that change a test's settings; a row with one is not the default test
+_COMPARE_SETTINGS = ("Batch size", "Microbatch size", "Threads", "Flash attention", "KV type")
+
+
+def _compare_to_fields(row: dict[str, str], text: str) -> dict[str, Any] | None:
+    """One row of a compare-llama-bench table in llama-bench's json field names: the first ``t/s`` column (the
+    baseline build the comparison ran against) as the result, without a spread (the table has none). None for a
+    row that is not a test or that sets what the plain llama-bench test leaves at its default."""
+    test = _parse_test(row.get("Test", ""))
+    column = next(c for c in row if c.startswith("t/s "))
+    try:
+        rate = float(row[column])
+    except ValueError:
+        return None
+    if test is None or any(row.get(c) not in (None, "") for c in _COMPARE_SETTINGS):
+        return None
+    return {"model_type": row.get("Model"), "n_prompt": test[0], "n_gen": test[1], "n_depth": test[2],
+            "avg_ts": rate, "stddev_ts": None, "build_commit": None, "build_number": None,
+            "gpu_info": row.get("GPU") or None, "compare_column": column}
+
+
 def _md_to_fields(row: dict[str, str], text: str) -> dict[str, Any] | None:
     """One markdown row in llama-bench's json field names (None for rows that are not a test)."""
+    if "Model" in row and "Test" in row:
+        return _compare_to_fields(row, text)
     test = _parse_test(row.get("test", ""))
     rate = _MEAN_STD.match(row.get("t/s", ""))
     if test is None or rate is None:
@@ -209,8 +238,10 @@ def _summary(row: dict[str, Any], repetitions: int) -> dict[str, Any]:
     if isinstance(samples, list) and samples:
         return records.summarize(float(s) for s in samples)
     std = row.get("stddev_ts")
+    statistic = ("compare-llama-bench prints the mean only; median is the mean" if row.get("compare_column")
+                 else "llama-bench reports the mean and stddev only; median is the mean")
     return mean_summary(float(row["avg_ts"]), float(std) if std not in (None, "") else None, int(repetitions),
-                        "llama-bench reports the mean and stddev only; median is the mean")
+                        statistic)
 
 
 def mean_summary(mean: float, stddev: float | None, n: int, statistic: str) -> dict[str, Any]:
@@ -263,11 +294,15 @@ def llama_bench_record(row: dict[str, Any], *, model: str, device: str, file_nam
     }
     if row.get("quantized_matmul"):
         provenance["quantized_matmul"] = row["quantized_matmul"]
+    if row.get("compare_column"):
+        provenance["compare_column"] = row["compare_column"]  # the comparison's baseline build, unnamed
     kind = "prefill" if n_prompt else "decode"
     if exclude and exclude.get(kind):
         provenance["excluded_from_fit"] = {kind: exclude[kind]}
-    if file_format == "md":
+    if file_format == "md" and row.get("model_size"):
         provenance["weights_bytes_note"] = "llama-bench markdown rounds the size to 0.01 GiB"
+    if row.get("compare_column"):
+        provenance["import_format"] = "compare-llama-bench md (its baseline column)"
     return records.new_record(config, measurements=measurements, provenance=provenance,
                               prediction_reason="imported result; benchcal report recomputes predictions")
 

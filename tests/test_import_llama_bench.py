@@ -251,3 +251,28 @@ def test_parallel_imports_of_one_file_store_what_one_import_stores(tmp_path):
     keys = [r["provenance"]["import_key"] for r in stored]
     assert len(stored) == len(once) == 8 and len(set(keys)) == 8  # no duplicate, none lost
     assert not [p for p in root.rglob("*") if p.is_file() and p.suffix != ".json"]  # the lock lives elsewhere
+
+
+def test_a_compare_llama_bench_table_imports_its_baseline_column(tmp_path):
+    file = DATA / "llama-cpp-prs" / "rtx-3090-llama-7b-f16-q2_k-q3_k_s-q4_0-pr4766.md"
+    rows = _load(file)
+    assert len(rows) == 9 and all(r["compare_column"] == "t/s master" and r["stddev_ts"] is None for r in rows)
+    q2k = next(r for r in rows if r["model_type"] == "llama 7B Q2_K" and r["n_gen"] == 128)
+    assert q2k["avg_ts"] == 92.69 and q2k["gpu_info"] == "RTX 3090"  # master's figure, not the branch's 91.62
+    written, _ = import_llama_bench(file, model="llama-2-7b", runs_dir=tmp_path, gpu="rtx-3090",
+                                    exclude={"prefill": "not stated"})
+    obs = load_observations(tmp_path)
+    assert sorted(obs.decode["quant"]) == ["F16", "Q2_K", "Q3_K_S", "Q4_0"]
+    assert obs.prefill["exclude_reason"].notna().all()
+    records = [json.loads(p.read_text()) for p in written]
+    assert {r["provenance"]["import_format"] for r in records} == {"compare-llama-bench md (its baseline column)"}
+    assert all(r["provenance"]["engine_version"] is None for r in records)  # the table names no build
+
+
+def test_compare_rows_that_change_the_test_settings_are_skipped():
+    # rows of the table in ggml-org/llama.cpp PR #5351 (RTX 3090, llama-bench -b 1..8): not the default test
+    text = ("| GPU        | Model             |     Batch size | Test     |     t/s master |     t/s PR |     Speedup |\n"
+            "| :--------- | :---------------- | -------------: | :------- | -------------: | ---------: | ----------: |\n"
+            "| RTX 3090   | llama 7B Q2_K_M   |              1 | pp512    |         103.75 |     102.80 |        0.99 |\n"
+            "| RTX 3090   | llama 7B Q2_K_M   |              2 | pp512    |          99.39 |     177.01 |        1.78 |\n")
+    assert parse_llama_bench(text, "md") == []
