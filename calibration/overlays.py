@@ -24,7 +24,7 @@ def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
     catalogued) are left out."""
     from predictor.devices import resolve_device
     from predictor.errors import BenchcalError
-    from predictor.prior import flops_per_byte, memory_class
+    from predictor.prior import flops_per_byte, flops_per_unit_cycle, memory_class
 
     points: dict[str, list[tuple[str, Any, dict[str, Any]]]] = {}
     for device_id, entry in (eng.get("devices") or {}).items():
@@ -63,7 +63,7 @@ def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
                 "rule": "min(cap, bytes_per_cycle / b), b = the device's peak bandwidth per compute unit per clock cycle "
                         "(bytes): least squares in log space over the measured devices, bytes_per_cycle the smallest "
                         "the fit allows; a device without unit and clock figures takes its memory class's median"}
-        flops_units = [(d, _flops_per_unit_cycle(dev, engine), float(e["prefill_compute_efficiency"]["value"]))
+        flops_units = [(d, flops_per_unit_cycle(dev, engine), float(e["prefill_compute_efficiency"]["value"]))
                        for d, dev, e in rows if (e.get("prefill_compute_efficiency") or {}).get("identified")]
         flops_units = [(d, f, v) for d, f, v in flops_units if f]
         if len(flops_units) >= MIN_PRIOR_DEVICES:
@@ -92,14 +92,6 @@ def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
         if entry:
             out.setdefault("kinds", {})[kind] = entry
     return out
-
-
-def _flops_per_unit_cycle(device: Any, engine: str) -> float | None:
-    """The device's matmul peak for ``engine`` per compute unit per clock cycle (FLOP), None without figures."""
-    tflops = device.matmul_tflops(engine)
-    if not tflops or not device.compute_units or not device.boost_clock_mhz:
-        return None
-    return float(tflops) * 1e12 / (device.compute_units * device.boost_clock_mhz * 1e6)
 
 
 def fit_unit_limit(bytes_per_unit_cycle: list[float], efficiencies: list[float]) -> tuple[float, float]:
@@ -219,6 +211,7 @@ def _cross_era_errors(block: Block, mask: np.ndarray, era_id: str, pooled: Coeff
     terms = block.features.terms
     names = [t.name for t in terms]
     overlay = {names.index(n): float(terms[names.index(n)].weight(item["value"])) for n, item in fitted.items()}
+    knees = {names.index(n): float(item["unit_knee"]) for n, item in fitted.items() if item.get("unit_knee")}
     actual, without, with_era, used = [], [], [], []
     for device in sorted(set(devices[in_era]) & set(devices[other])):
         train = np.flatnonzero(other & (devices == device))
@@ -232,8 +225,9 @@ def _cross_era_errors(block: Block, mask: np.ndarray, era_id: str, pooled: Coeff
         fit = TermRegressor(start, cpu=cpu, held=held).fit(block.features.take(train), block.y[train])
         own = np.tile(fit.coef_, (len(test), 1))
         era_weights = own.copy()
+        flops = _row_flops(block, test[:1])[0] if knees else np.nan
         for j, w in overlay.items():
-            era_weights[:, j] = w
+            era_weights[:, j] = w * (max(1.0, flops / knees[j]) if j in knees and np.isfinite(flops) else 1.0)
         plain = block.features.take(test)
         actual.append(block.y[test])
         without.append(combine(plain, own))
@@ -283,12 +277,32 @@ def _fit_era_free(block: Block, rows: np.ndarray, pooled: Coefficients,
         return {}, {}
     held = np.array([j not in free for j in range(len(terms))])
     plain = block.features.take(rows)
-    local = block.features.take(rows)
-    local.x[:, held] *= weights[:, held]  # a held term enters at its run's own weight: start weight 1
     start = np.where(held, 1.0, np.median(weights, axis=0))
     y = block.y[rows]
     cpu = bool(np.all(block.meta["kind"].to_numpy()[rows] == "cpu"))
-    fit = TermRegressor(start, cpu=cpu, held=tuple(t.name for j, t in enumerate(terms) if held[j])).fit(local, y)
+    held_names = tuple(t.name for j, t in enumerate(terms) if held[j])
+    names = [t.name for t in terms]
+    compute = names.index(KNEE_TERM) if block.quantity == "prefill" and KNEE_TERM in names else None
+    flops = _row_flops(block, rows) if compute is not None and compute in free else np.full(len(rows), np.nan)
+
+    def fit_with(knee: float | None):
+        local = block.features.take(rows)
+        local.x[:, held] *= weights[:, held]  # a held term enters at its run's own weight: start weight 1
+        if knee is not None:  # the era's kernels issue at most what a unit at the knee does: 1/eff x f/knee
+            local.x[:, compute] *= np.where(np.isfinite(flops), np.maximum(1.0, flops / knee), 1.0)
+        fit = TermRegressor(start, cpu=cpu, held=held_names).fit(local, y)
+        loss = _mape(combine(local, np.tile(fit.coef_, (len(rows), 1))), y) if fit.fitted_[compute or 0] else np.inf
+        return local, fit, loss
+
+    local, fit, loss = fit_with(None)
+    knee = None
+    if np.isfinite(flops).any():
+        # the knee that fits the era's runs best; of equal fits, the smallest (a knee beyond every measured
+        # device's f leaves them all as they are: the largest limit none of them contradicts)
+        for candidate in KNEE_GRID:
+            trial = fit_with(float(candidate))
+            if trial[2] < loss - 1e-9 or (trial[2] <= loss + 1e-9 and (knee is None or candidate < knee)):
+                (local, fit, loss), knee = trial, float(candidate)
     meta = block.meta.iloc[rows]
     if not any(fit.fitted_[j] for j in free) or meta["device_id"].nunique() < MIN_ERA_DEVICES:
         return {}, {}
@@ -302,4 +316,28 @@ def _fit_era_free(block: Block, rows: np.ndarray, pooled: Coefficients,
             continue
         entries[terms[j].name] = {"value": rounded(float(terms[j].value(fit.coef_[j]))), "identified": True,
                                   "quantity": block.quantity, **provenance(block, rows), "n_trimmed": fit.n_trimmed_}
+        if j == compute and knee is not None:
+            entries[terms[j].name]["unit_knee"] = rounded(knee)
     return entries, errors
+
+
+KNEE_TERM = "prefill_compute_efficiency"
+# FLOP per compute unit per clock cycle: where an era's prefill kernels stop keeping up with a unit's matmul peak
+KNEE_GRID = np.round(np.geomspace(400.0, 8000.0, 46), 1)
+
+
+def _row_flops(block: Block, rows: np.ndarray) -> np.ndarray:
+    """Each row's device's matmul peak per compute unit per clock cycle (NaN without the figures)."""
+    from predictor.devices import resolve_device
+    from predictor.errors import BenchcalError
+    from predictor.prior import flops_per_unit_cycle
+
+    out = np.full(len(rows), np.nan)
+    meta = block.meta.iloc[rows]
+    for i, (device_id, engine) in enumerate(zip(meta["device_id"], meta["engine"], strict=True)):
+        try:
+            value = flops_per_unit_cycle(resolve_device(str(device_id)), str(engine))
+        except BenchcalError:
+            value = None
+        out[i] = value if value else np.nan
+    return out

@@ -153,22 +153,27 @@ class Coefficients:
         physics = (eng.get("physics") or {}).get("kinds", {}).get(kind or "") if device is not None else None
         band_source = next((str(e.get("error_band_source")) for _, e in reversed(scopes)
                             if e and e.get("error_band_source")), "")
-        if physics and used[-1][0] == "engine":
+        scope_name = used[-1][0]
+        if physics:
             from predictor.prior import prior_values
 
             units, clock = getattr(device, "compute_units", None), getattr(device, "boost_clock_mhz", None)
             prior = prior_values(physics, getattr(device, "memory_type", None), device.matmul_tflops(engine),
                                  getattr(device, "bandwidth_gbs", None), getattr(device, "bytes_per_unit_cycle", None),
                                  units * clock * 1e6 if units and clock else None)
+            # a device or family scope that did not identify a term (held at its parent's, the engine's value:
+            # a family measured in prefill only holds decode's bandwidth) leaves it to the prior too
+            measured = {name for scope, entry in scopes[1:] if entry for name, item in entry.items()
+                        if isinstance(item, dict) and item.get("identified", True)}
+            prior = {name: value for name, value in prior.items() if name not in measured}
             values.update(prior)
             origin.update({name: f"prior:physics/{kind}" for name in prior})
             for name in prior:
                 unc.pop(name, None)
-            bands = dict(physics.get("error_band") or bands)
-            band_source = str(physics.get("error_band_source") or "")
-            scope_name = f"prior:physics/{kind}" if prior else used[-1][0]
-        else:
-            scope_name = used[-1][0]
+            if used[-1][0] == "engine":
+                bands = dict(physics.get("error_band") or bands)
+                band_source = str(physics.get("error_band_source") or "")
+                scope_name = f"prior:physics/{kind}" if prior else scope_name
         overlay = self.era_overlay(engine, era, kind) if era and kind and era_applies(engine, device) else {}
         applied = None
         for name, item in overlay.items():
@@ -178,6 +183,10 @@ class Coefficients:
             if isinstance(own, dict) and own.get("identified", True) and _entry_eras(engine, own) == {era}:
                 continue  # fitted on this era's runs alone (a value held at its parent's is not)
             values[name] = float(item["value"])
+            if item.get("unit_knee") and device is not None:  # the era's kernels' per-unit limit (prefill)
+                from predictor.prior import flops_per_unit_cycle, knee_factor
+
+                values[name] *= knee_factor(item["unit_knee"], flops_per_unit_cycle(device, engine))
             origin[name] = f"era:{era}/{kind}"
             applied = era
             if item.get("uncertainty") is not None and item["value"]:

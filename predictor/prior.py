@@ -62,6 +62,23 @@ def unit_limited_efficiency(cap: float, bytes_per_cycle: float, bytes_per_unit_c
     return min(float(cap), float(bytes_per_cycle) / float(bytes_per_unit_cycle))
 
 
+def flops_per_unit_cycle(device: Any, engine: str) -> float | None:
+    """The device's matmul peak for ``engine`` per compute unit per clock cycle (FLOP); None without the figures."""
+    tflops = device.matmul_tflops(engine) if device is not None else None
+    units, clock = getattr(device, "compute_units", None), getattr(device, "boost_clock_mhz", None)
+    if not tflops or not units or not clock:
+        return None
+    return float(tflops) * 1e12 / (float(units) * float(clock) * 1e6)
+
+
+def knee_factor(knee: float | None, flops_per_cycle: float | None) -> float:
+    """How much of an era's prefill efficiency a device keeps when the era's kernels issue at most what a unit of
+    ``knee`` FLOP per cycle does at that efficiency: ``min(1, knee / f)`` (1 without a knee or the device's f)."""
+    if not knee or not flops_per_cycle:
+        return 1.0
+    return min(1.0, float(knee) / float(flops_per_cycle))
+
+
 def prior_values(entry: Mapping[str, Any], memory_type: str | None, tflops: float | None,
                  bandwidth_gbs: float | None, bytes_per_unit_cycle: float | None = None,
                  unit_cycles_per_s: float | None = None) -> dict[str, float]:

@@ -109,3 +109,45 @@ def test_vllm_on_a_gpu_says_it_is_uncalibrated_and_how_far_its_defaults_have_bee
     assert set(cal["error_band"]) == {"decode", "prefill"} and all(v > 0 for v in cal["error_band"].values())
     assert "uncalibrated engine defaults" in cal["error_band_source"] and "llama.cpp" in cal["error_band_source"]
     assert cal["era"]["applied"] is False and cal["era"]["note"]
+
+
+def test_an_eras_prefill_efficiency_stops_at_its_kernels_per_unit_knee(shipped):
+    from predictor.prior import flops_per_unit_cycle, knee_factor
+
+    assert knee_factor(1000.0, 3786.0) == pytest.approx(1000.0 / 3786.0) and knee_factor(1000.0, 800.0) == 1.0
+    assert knee_factor(None, 3786.0) == 1.0 and knee_factor(1000.0, None) == 1.0
+    h200 = resolve_device("h200-sxm")
+    assert flops_per_unit_cycle(h200, "llama.cpp") == pytest.approx(989.5e12 / (132 * 1.98e9), rel=0.02)
+    overlay = shipped.table["engines"]["llama.cpp"]["eras"]["2025"]["kinds"]["gpu"]["prefill_compute_efficiency"]
+    knee = overlay["unit_knee"]
+    assert 600 <= knee <= 1500  # the MMQ kernels of current builds: about what a GeForce SM issues (1,024)
+    # a GH200 run of build 5124 reached 0.14 of its FP16 peak in pp512; the era's value at its f gives about that
+    gh200 = resolve_device("gh200")
+    cset = shipped.lookup("llama.cpp", gh200.id, gh200.family, "2025", gh200.kind, gh200)
+    f = flops_per_unit_cycle(gh200, "llama.cpp")
+    if cset.origin["prefill_compute_efficiency"] == "era:2025/gpu":
+        assert cset["prefill_compute_efficiency"] == pytest.approx(overlay["value"] * knee / f, rel=1e-6)
+    rtx = resolve_device("rtx-5090")
+    own = shipped.lookup("llama.cpp", rtx.id, rtx.family, "2025", rtx.kind, rtx)
+    assert own["prefill_compute_efficiency"] > 2 * cset["prefill_compute_efficiency"]
+
+
+def test_a_term_no_device_or_family_scope_identified_takes_the_prior():
+    from predictor.coefficients import Coefficients
+
+    physics = {"kinds": {"gpu": {"decode_bw_efficiency": {"unit_limit": {"cap": 0.9, "bytes_per_cycle": 7.0}}}}}
+    held = {"value": 0.95, "identified": False}
+    table = {"schema_version": 1, "engines": {"llama.cpp": {
+        "default": {"decode_bw_efficiency": {"value": 0.95, "identified": True}},
+        "families": {"hbm2e/ampere": {"decode_bw_efficiency": held,  # measured in prefill only: held
+                                      "prefill_compute_efficiency": {"value": 0.3, "identified": True}}},
+        "devices": {}, "physics": physics}}}
+    a100 = resolve_device("a100-sxm-80gb")
+    cset = Coefficients(table).lookup("llama.cpp", a100.id, a100.family, None, a100.kind, a100)
+    assert cset["decode_bw_efficiency"] == pytest.approx(7.0 / a100.bytes_per_unit_cycle)
+    assert cset.origin["decode_bw_efficiency"] == "prior:physics/gpu"
+    assert cset["prefill_compute_efficiency"] == 0.3 and cset.scope == "family:hbm2e/ampere"
+    table["engines"]["llama.cpp"]["families"]["hbm2e/ampere"]["decode_bw_efficiency"] = {"value": 0.6,
+                                                                                          "identified": True}
+    assert Coefficients(table).lookup("llama.cpp", a100.id, a100.family, None, a100.kind, a100)[
+        "decode_bw_efficiency"] == 0.6
