@@ -250,7 +250,11 @@ def fit_table(dataset: Dataset, masks: dict[str, np.ndarray] | None = None, *, n
         scopes = scopes_of(dataset, engine, masks)
         for scope in scopes:
             _fit_scope(dataset, table, eng, engine, scope, prior, n_boot, rng, masks)
+            if scope.scope == "engine":
+                fixed = _graph_fixed_times(dataset, table, eng, engine, scope, prior)
         physics = fit_physics_prior(eng, engine)
+        if fixed:
+            physics.setdefault("kinds", {}).setdefault("gpu", {})["fixed_times"] = fixed
         if physics:
             eng["physics"] = physics
         overlays, checks = fit_era_overlays(dataset, table, engine, masks, prior)
@@ -265,6 +269,41 @@ def fit_table(dataset: Dataset, masks: dict[str, np.ndarray] | None = None, *, n
         if checks:
             eng["era_checks"] = checks
     return table
+
+
+def _graph_fixed_times(dataset: Dataset, table: dict[str, Any], eng: dict[str, Any], engine: str, scope: ScopeRows,
+                       prior: Coefficients | None) -> dict[str, Any]:
+    """The physics prior's decode fixed times for a discrete GPU nobody measured: the engine scope's era terms
+    refitted on the discrete GPUs that run the eras' kernels (llama.cpp's CUDA graphs), every other term at the
+    engine scope's value. A Volta or Turing GPU (``no_era_architectures``) launches every kernel by itself in every
+    build: its runs weigh on the engine scope (which unified-memory chips also fall back to) but not on what an
+    unmeasured current GPU gets. Empty where no such run was left out or nothing was identified."""
+    from predictor.devices import resolve_device
+    from predictor.eras import era_applies, era_terms, no_era_architectures
+    from predictor.errors import BenchcalError
+
+    block = dataset.blocks["decode"]
+    if not no_era_architectures(engine) or not eng.get("default"):
+        return {}
+
+    def graphs(device_id: str) -> bool:
+        try:
+            return era_applies(engine, resolve_device(device_id))
+        except BenchcalError:
+            return True
+
+    gpu = scope.masks["decode"] & (block.meta["kind"].to_numpy() == "gpu")
+    keep = np.array([graphs(str(d)) for d in block.meta["device_id"].to_numpy()], dtype=bool)
+    if not (gpu & block.fittable & ~keep).any():
+        return {}
+    parent = _parent_values(table, engine, "engine", None, prior)
+    parent.update({name: item["value"] for name, item in eng["default"].items()
+                   if isinstance(item, dict) and "value" in item})
+    fitted = fit_scope_quantity(block, gpu & keep, parent, n_boot=0, rng=np.random.default_rng(0),
+                                scope_label="engine default")
+    return {name: {key: item[key] for key in ("value", "n_runs", "devices") if key in item}
+            for name in era_terms(engine) if (item := fitted.get(name)) and item.get("identified")
+            and item.get("quantity") == "decode"}
 
 
 def _single_era(dataset: Dataset, scope: ScopeRows, overlays: dict[str, Any]) -> dict[str, float] | None:

@@ -160,7 +160,7 @@ class Coefficients:
             units, clock = getattr(device, "compute_units", None), getattr(device, "boost_clock_mhz", None)
             prior = prior_values(physics, getattr(device, "memory_type", None), device.matmul_tflops(engine),
                                  getattr(device, "bandwidth_gbs", None), getattr(device, "bytes_per_unit_cycle", None),
-                                 units * clock * 1e6 if units and clock else None)
+                                 units * clock * 1e6 if units and clock else None, era_applies(engine, device))
             # a device or family scope that did not identify a term (held at its parent's, the engine's value:
             # a family measured in prefill only holds decode's bandwidth) leaves it to the prior too
             measured = {name for scope, entry in scopes[1:] if entry for name, item in entry.items()

@@ -36,7 +36,8 @@ from typing import Any
 
 from predictor.registry import REGISTRY
 
-PRIOR_TERMS = ("decode_bw_efficiency", "prefill_compute_efficiency")
+PRIOR_TERMS = ("decode_bw_efficiency", "prefill_compute_efficiency", "decode_fixed_ms", "decode_fixed_per_layer_us",
+               "decode_moe_per_layer_us")
 
 
 def memory_class(memory_type: str | None) -> str:
@@ -81,10 +82,13 @@ def knee_factor(knee: float | None, flops_per_cycle: float | None) -> float:
 
 def prior_values(entry: Mapping[str, Any], memory_type: str | None, tflops: float | None,
                  bandwidth_gbs: float | None, bytes_per_unit_cycle: float | None = None,
-                 unit_cycles_per_s: float | None = None) -> dict[str, float]:
+                 unit_cycles_per_s: float | None = None, eras_apply: bool = False) -> dict[str, float]:
     """The prior's values for one device from a kind's ``physics`` entry (empty where it has no figure).
-    ``unit_cycles_per_s``: compute units x clock (Hz), which turns ``tflops`` into FLOP per unit per cycle."""
+    ``unit_cycles_per_s``: compute units x clock (Hz), which turns ``tflops`` into FLOP per unit per cycle;
+    ``eras_apply``: the device runs the eras' kernels (CUDA graphs), so it takes the entry's ``fixed_times``."""
     out: dict[str, float] = {}
+    if eras_apply:
+        out.update({name: float(item["value"]) for name, item in (entry.get("fixed_times") or {}).items()})
     bw = entry.get("decode_bw_efficiency") or {}
     limit = bw.get("unit_limit") or {}
     by_class = bw.get("by_memory_class") or {}

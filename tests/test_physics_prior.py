@@ -151,3 +151,19 @@ def test_a_term_no_device_or_family_scope_identified_takes_the_prior():
                                                                                           "identified": True}
     assert Coefficients(table).lookup("llama.cpp", a100.id, a100.family, None, a100.kind, a100)[
         "decode_bw_efficiency"] == 0.6
+
+
+def test_a_current_gpu_nobody_measured_takes_the_fixed_times_of_the_gpus_that_run_cuda_graphs(shipped):
+    entry = {"fixed_times": {"decode_fixed_per_layer_us": {"value": 95.0}}}
+    assert prior_values(entry, "HBM3", None, None, eras_apply=True) == {"decode_fixed_per_layer_us": 95.0}
+    assert prior_values(entry, "HBM2", None, None, eras_apply=False) == {}  # a Volta or Turing GPU: not these
+    physics = shipped.table["engines"]["llama.cpp"]["physics"]["kinds"]["gpu"]["fixed_times"]
+    assert "v100-pcie-16gb" not in physics["decode_fixed_per_layer_us"]["devices"]
+    engine = shipped.table["engines"]["llama.cpp"]["default"]["decode_fixed_per_layer_us"]["value"]
+    assert physics["decode_fixed_per_layer_us"]["value"] < engine  # the V100's graph-less launches left out
+    h200 = resolve_device("h200-sxm")
+    cset = shipped.lookup("llama.cpp", h200.id, h200.family, None, h200.kind, h200)
+    assert cset["decode_fixed_per_layer_us"] == physics["decode_fixed_per_layer_us"]["value"]
+    t4 = resolve_device("t4")  # Turing: no CUDA graphs, so not the graph GPUs' fixed time
+    assert shipped.lookup("llama.cpp", t4.id, t4.family, None, t4.kind, t4)["decode_fixed_per_layer_us"] != \
+        physics["decode_fixed_per_layer_us"]["value"]
