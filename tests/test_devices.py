@@ -202,10 +202,10 @@ def test_cloud_rates_are_per_gpu_hour_magnitudes():
     assert all(0.1 < rate < 20 for rate in rates)
 
 
-def test_data_center_prices_are_marked_as_street_prices():
+def test_data_center_prices_are_marked_as_street_or_list_prices():
     for device in load_devices():
         if device.price_usd is not None and device.form_factor in ("sxm", "oam"):
-            assert "street price" in device.notes["price"], device.id
+            assert "street price" in device.notes["price"] or "list price" in device.notes["price"], device.id
 
 
 def test_cloud_rate_is_cheaper_per_hour_than_the_part_costs_to_buy():
