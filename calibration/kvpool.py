@@ -107,7 +107,8 @@ def _gpu_check(record: dict[str, Any], coefficients: Any) -> dict[str, Any]:
                         gpu_memory_utilization=float(options["gpu_memory_utilization"]),
                         enforce_eager=bool(options.get("enforce_eager", False)),
                         max_num_seqs=options.get("max_num_seqs"),
-                        max_num_batched_tokens=options.get("max_num_batched_tokens"))
+                        max_num_batched_tokens=options.get("max_num_batched_tokens"),
+                        engine_build=_readable_version(provenance.get("engine_version")))
     est = predict_scenario(scenario, coefficients, launch=False)
     predicted = float(est.serving["kv_pool_gib"])
     engine_generation = provenance.get("vllm_engine") or "V1"
@@ -122,6 +123,21 @@ def _gpu_check(record: dict[str, Any], coefficients: Any) -> dict[str, Any]:
     if not check["scored"]:
         check["not_scored_because"] = "vLLM's V0 engine (removed in 0.11) profiled its pool another way"
     return check
+
+
+def _readable_version(version: Any) -> str | None:
+    """The log's vLLM version when an era covers it (the pool is then predicted as that version sizes it), else
+    None (predicted as the newest version sizes it)."""
+    from predictor.eras import era_for_build
+    from predictor.errors import BenchcalError
+
+    if not version:
+        return None
+    try:
+        era_for_build("vllm", str(version))
+    except BenchcalError:
+        return None
+    return str(version)
 
 
 def gpu_pool_summary(checks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -140,6 +140,16 @@ def era_for_build(engine: str, build: str | int) -> Era:
     return era
 
 
+def kv_pool_counts_cuda_graphs(engine: str, build: str | int | None) -> bool:
+    """Whether ``engine`` at ``build`` (a version; None: the newest) takes its CUDA graphs' memory from the KV pool
+    it sizes (the eras file's ``kv_pool_counts_cuda_graphs``: vLLM from 0.21); True for a version it cannot read."""
+    entry = _engine_entry(engine).get("kv_pool_counts_cuda_graphs")
+    if not entry:
+        return False
+    version = _version(build) if build is not None else None
+    return version is None or version >= _version_key(entry["from_version"])
+
+
 def era_by_id(engine: str, era_id: str) -> Era | None:
     return next((era for era in eras(engine) if era.id == era_id), None)
 

@@ -22,18 +22,22 @@ from typing import Any
 
 from predictor import memory as mem
 from predictor.engines import traits
+from predictor.eras import kv_pool_counts_cuda_graphs
 from predictor.quants import resolve_kv_dtype
 
 GIB = float(2**30)
 
 
 def kv_pool(est: Any, gpu_memory_utilization: float = mem.VLLM_GPU_MEMORY_UTILIZATION,
-            max_num_seqs: int | None = None) -> dict[str, Any] | None:
+            max_num_seqs: int | None = None, enforce_eager: bool = False) -> dict[str, Any] | None:
     """``{kv_pool_gib, kv_pool_tokens, max_concurrent_sequences, max_running_sequences, gpu_memory_utilization,
     max_num_seqs, formula}`` for a vLLM prediction on a GPU (``est``: a :class:`predictor.estimate.Estimate`), per
     device of a tensor-parallel group; None for another engine or device kind (llama.cpp sizes its cache by
     ``--ctx`` instead). ``max_concurrent_sequences`` is what the pool holds (vLLM's "Maximum concurrency" log
-    line); ``max_running_sequences`` also respects ``max_num_seqs`` (default: vLLM's on the device)."""
+    line); ``max_running_sequences`` also respects ``max_num_seqs`` (default: vLLM's on the device). For a version
+    before 0.21 (``est.era["build"]``, :func:`predictor.eras.kv_pool_counts_cuda_graphs`) the CUDA graphs
+    (``vllm_graph_gib``, none with ``enforce_eager``) are not taken from the pool: vLLM captured them after sizing
+    it."""
     if not traits(est.engine).profiled_runtime or est.device.kind not in ("gpu", "cpu"):
         return None
     v = est.values
@@ -45,13 +49,20 @@ def kv_pool(est: Any, gpu_memory_utilization: float = mem.VLLM_GPU_MEMORY_UTILIZ
     else:
         # the runtime the profile measures: all but the context the worker held before it (runtime_fixed_gib)
         per_device_runtime = float(v["runtime_bytes"]) / n - float(est.coefficients["runtime_fixed_gib"]) * GIB
+        build = (est.era or {}).get("build")
+        graphs_counted = kv_pool_counts_cuda_graphs(est.engine, build)
+        if not graphs_counted and not enforce_eager:  # captured after the pool was sized, outside the budget
+            per_device_runtime -= float(est.coefficients["vllm_graph_gib"]) * GIB
         share = float(est.coefficients["vllm_visible_memory_share"])
         requested = gpu_memory_utilization * share * est.device.memory_gib * GIB
         pool = max(requested - per_device_weights - per_device_runtime, 0.0)
         block = traits(est.engine).kv_block_tokens
+        counted = ("non-torch, CUDA graphs, profile-run activations and sampler buffers" if graphs_counted else
+                   f"non-torch, profile-run activations and sampler buffers; vLLM {build} captured its CUDA graphs "
+                   "after sizing the pool, 0.21 on counts them")
         formula = (f"{gpu_memory_utilization:g} x {share:g} x {est.device.memory_gib:g} GiB - weights "
-                   f"{per_device_weights / GIB:.2f} GiB - runtime {per_device_runtime / GIB:.2f} GiB (non-torch, "
-                   "CUDA graphs, profile-run activations and sampler buffers) per device")
+                   f"{per_device_weights / GIB:.2f} GiB - runtime {per_device_runtime / GIB:.2f} GiB ({counted}) "
+                   "per device")
     # KV bytes one sequence of the asked context takes on each device (sliding windows capped, blocks rounded)
     per_sequence = float(mem.kv_cache_bytes(est.model, est.context, 1, _kv_bytes(est), est.engine)) / n
     tokens = int(pool / per_sequence * est.context) if per_sequence > 0 else 0

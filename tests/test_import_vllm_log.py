@@ -65,6 +65,30 @@ def test_the_predicted_gpu_pool_is_within_10_percent_of_the_logged_pools_at_the_
             assert check["predicted_weights_gib"] == pytest.approx(check["logged_weights_gib"], rel=0.03)
 
 
+def test_a_version_before_0_21_leaves_the_cuda_graphs_out_of_the_pool():
+    from predictor.eras import kv_pool_counts_cuda_graphs
+    from predictor.estimate import predict_scenario
+    from predictor.scenario import Scenario
+
+    assert [kv_pool_counts_cuda_graphs("vllm", v) for v in (None, "0.9.2", "0.19.1", "0.21.0", "0.29.0")] == \
+        [True, False, False, True, True]
+    assert not kv_pool_counts_cuda_graphs("llama.cpp", None)
+    base = Scenario(model="qwen3-8b", device="a100-sxm-40gb", engine="vllm", quant="BF16", context=40960,
+                    prompt_tokens=64, gpu_memory_utilization=0.9)
+    newest = predict_scenario(base, None, launch=False)
+    old = predict_scenario(base.replace(engine_build="0.19.1"), None, launch=False)
+    graphs = newest.coefficients["vllm_graph_gib"]
+    assert old.serving["kv_pool_gib"] == pytest.approx(newest.serving["kv_pool_gib"] + graphs, abs=0.002)
+    assert "captured its CUDA graphs after sizing the pool" in old.serving["formula"]
+    eager = base.replace(enforce_eager=True)
+    assert predict_scenario(eager.replace(engine_build="0.19.1"), None, launch=False).serving["kv_pool_gib"] == \
+        predict_scenario(eager, None, launch=False).serving["kv_pool_gib"]
+    # the public 0.19.1 log (its graphs captured after the pool, "2.35 GiB estimated") is predicted as 0.19.1 sizes it
+    checks = gpu_kv_pool_checks([Path(__file__).parent.parent / "runs" / "imported"], None)
+    v019 = [c for c in checks if c["vllm_version"] == "0.19.1" and c["logged_gib"] == pytest.approx(19.36)]
+    assert len(v019) == 1 and abs(v019[0]["error"]) <= 0.05
+
+
 def test_a_log_without_a_pool_or_a_setting_is_refused_in_one_line(tmp_path, capsys):
     empty = tmp_path / "empty.log"
     empty.write_text("INFO starting\n")

@@ -231,7 +231,8 @@ def register(sub) -> None:
     p.add_argument("--host-mem-gib", type=positive_float, default=None, help="host RAM available for offload, GiB (default 64)")
     p.add_argument("--engine-build", default=None, help="engine build to predict for: a llama.cpp build number "
                    "(7474 or b7474) or a vLLM version; its era's fitted values are used (default: the newest era "
-                   "with data; eras in predictor/data/engine_eras.json)")
+                   "with data; eras in predictor/data/engine_eras.json); a vLLM version before 0.21 sizes its KV pool "
+                   "without the CUDA graphs")
     p.add_argument("--gpu-memory-utilization", type=share, default=None, help="vLLM: share of each GPU it may use, "
                    "its KV pool being what is left after weights and runtime (default 0.92, as vllm serve)")
     p.add_argument("--max-num-seqs", type=positive_int, default=None, help="vLLM: the most sequences a batch holds "
