@@ -173,6 +173,8 @@ def era_description(engine: str, kind: str, era: str | None, build: str | int | 
     elif era:
         note = (f"era {era} ({found.label if found else ''}): no values fitted for this era on {kind} devices "
                 "(its runs show no difference, or there are none); coefficients pooled over every build measured")
+    elif cset.status == "default":
+        note = "none: the uncalibrated engine defaults describe no particular build"
     else:
         note = f"no era fitted for {engine} on {kind} devices; coefficients pooled over every build measured"
     return {"id": era, "label": found.label if found else None, "build": None if build is None else str(build),

@@ -159,7 +159,9 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     band = cal["error_band"]
     rep.add("Calibration", "kv", [
         ["Status", cal["status"], ""],
-        ["Scope", cal["scope"], ""],
+        ["Scope", cal["scope"] if cal["status"] != "default" else
+         f"{cal['scope']} defaults (uncalibrated: the table has no {est.engine} scope for this device, or "
+         "--defaults)", ""],
         ["Engine build era", cal["era"]["note"], ""],
         *([["Host", cal["note"], ""]] if cal.get("note") else []),
         ["Error band", ", ".join(f"{k} ±{v * 100:.0f}%" for k, v in band.items()) or "— (uncalibrated)",
