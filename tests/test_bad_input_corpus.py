@@ -249,7 +249,20 @@ for name, content in [("negative TPOT", '{"median_tpot_ms": -3, "mean_ttft_ms": 
          {"v.json": content})
 case("import vllm-bench unknown gpu", [*V, "{tmp}/v.json", "--model", "llama-3.2-3b", "--gpu", "rtx-9090",
                                         "--runs-dir", "{runs}"], {"v.json": '{"median_tpot_ms": 10}'})
-case("import unknown kind", ["import", "guidellm", "{tmp}/x.json", "--model", "llama-3-8b"])
+case("import unknown kind", ["import", "sglang-bench", "{tmp}/x.json", "--model", "llama-3-8b"])
+G = ["import", "guidellm"]
+for name, content in [("not json", "benchmarks: none"), ("no benchmarks", '{"results": []}'),
+                      ("empty benchmarks", '{"benchmarks": []}'),
+                      ("no strategy", '{"benchmarks": [{"metrics": {}}]}'),
+                      ("a throughput sweep", '{"benchmarks": [{"args": {"strategy": {"type_": "throughput"}}}]}'),
+                      ("no successful request", '{"benchmarks": [{"args": {"strategy": {"type_": "synchronous"}}, '
+                                                '"request_totals": {"successful": 0}}]}')]:
+    case(f"import guidellm {name}", [*G, "{tmp}/g.json", "--model", "llama-3.2-3b", "--gpu", "l40s",
+                                      "--runs-dir", "{runs}"], {"g.json": content})
+case("import guidellm without a gpu", [*G, "{tmp}/g.json", "--model", "llama-3.2-3b", "--runs-dir", "{runs}"],
+     {"g.json": '{"benchmarks": []}'})
+case("import guidellm unknown engine", [*G, "{tmp}/g.json", "--model", "llama-3.2-3b", "--gpu", "l40s",
+                                         "--engine", "sglang", "--runs-dir", "{runs}"], {"g.json": '{"benchmarks": []}'})
 
 
 def test_the_corpus_is_large():

@@ -1,4 +1,4 @@
-"""Calibration commands: calibrate, report, check, import (llama-bench, llama-log, vllm-bench)."""
+"""Calibration commands: calibrate, report, check, import (llama-bench, llama-log, vllm-bench, guidellm, vllm-log)."""
 
 from __future__ import annotations
 
@@ -216,6 +216,14 @@ def cmd_import_vllm_bench(args) -> int:
         gpu_count=args.gpus or 1, input_len=args.input_len, output_len=args.output_len, batch_size=args.batch_size))
 
 
+def cmd_import_guidellm(args) -> int:
+    from calibration.importers_guidellm import import_guidellm
+
+    return _import_files(args, lambda file, runs: import_guidellm(
+        file, model=args.model, runs_dir=runs, gpu=args.gpu, engine=args.engine, quant=args.quant,
+        source_url=args.source_url, gpu_count=args.gpus or 1))
+
+
 def cmd_import_llama_log(args) -> int:
     from calibration.importers_llama_log import import_llama_log
 
@@ -236,8 +244,8 @@ def cmd_import_vllm_log(args) -> int:
 
 
 def cmd_import_missing_kind(args) -> int:
-    raise BenchcalError("import needs a kind: llama-bench, llama-log, vllm-bench or vllm-log (see benchcal import "
-                        "--help)")
+    raise BenchcalError("import needs a kind: llama-bench, llama-log, vllm-bench, guidellm or vllm-log (see benchcal "
+                        "import --help)")
 
 
 def _positive_int(text: str) -> int:
@@ -294,14 +302,17 @@ def register(sub) -> None:
                                  ("llama-log", cmd_import_llama_log, "llama-cli / llama-perplexity logs (their timing "
                                   "lines), as llama.cpp's CI keeps them"),
                                  ("vllm-bench", cmd_import_vllm_bench, "vllm bench serve/latency/throughput JSON"),
+                                 ("guidellm", cmd_import_guidellm, "GuideLLM's benchmark report JSON (any "
+                                  "OpenAI-compatible server): one record per load level"),
                                  ("vllm-log", cmd_import_vllm_log, "a vLLM server's start-up log on a GPU: the KV "
                                   "pool it sized, which benchcal calibrate checks the predicted pool against")):
         k = kinds.add_parser(name, help=helptext, formatter_class=RAW,
                              epilog=f"example:\n  benchcal import {name} FILE --model llama-3-8b --gpu rtx-4090")
         k.add_argument("files", nargs="+", metavar="FILE", help="result file(s)")
         k.add_argument("--model", required=True, help="catalogue model the results are for (e.g. llama-3-8b)")
-        k.add_argument("--gpu", required=name == "vllm-log", default=None,
-                       help="device id or name" + ("" if name == "vllm-log" else " (default: from the file)"))
+        named = name in ("vllm-log", "guidellm")  # the file does not name the device
+        k.add_argument("--gpu", required=named, default=None,
+                       help="device id or name" + ("" if named else " (default: from the file)"))
         if name not in ("llama-log", "vllm-log"):
             k.add_argument("--gpus", type=_positive_int, default=None,
                            help="number of GPUs used (default 1, or the file's)")
@@ -313,6 +324,10 @@ def register(sub) -> None:
             k.add_argument("--input-len", type=_positive_int, default=None, help="prompt tokens (latency/throughput)")
             k.add_argument("--output-len", type=_positive_int, default=None, help="output tokens (latency/throughput)")
             k.add_argument("--batch-size", type=_positive_int, default=None, help="batch size (latency)")
+        if name == "guidellm":
+            k.add_argument("--engine", choices=("vllm", "llama.cpp"), default="vllm",
+                           help="the server GuideLLM measured (default vllm)")
+            k.add_argument("--quant", default="BF16", help="weight format served (default BF16)")
         if name == "vllm-log":
             k.add_argument("--quant", default="BF16", help="weight format served (default BF16)")
             unprinted = " (when the log does not print it)"
