@@ -1,5 +1,7 @@
 """Import GuideLLM's result files (``guidellm benchmark --output-path results.json``, the ``benchmarks`` report of
-GuideLLM 0.2-0.5): one record per benchmark, i.e. per load level of the run.
+GuideLLM 0.3, the release the tests' reports come from): one record per benchmark, i.e. per load level of the run.
+Later releases moved the request totals and the strategy elsewhere in the report; such a file is refused in one
+line (no ``args.strategy``), not misread.
 
 GuideLLM drives any OpenAI-compatible server, so the engine is an option (vLLM by default) and the device too (the
 file names neither). Each benchmark becomes the record a ``vllm bench serve`` result would
@@ -59,7 +61,7 @@ def _successful(benchmark: dict[str, Any], name: str) -> dict[str, Any] | None:
 def _strategy(benchmark: dict[str, Any], i: int) -> dict[str, Any]:
     strategy = (benchmark.get("args") or {}).get("strategy")
     if not isinstance(strategy, dict) or not strategy.get("type_"):
-        raise BenchcalError(f"benchmark {i + 1}: no args.strategy.type_ (not a GuideLLM benchmark report)")
+        raise BenchcalError(f"benchmark {i + 1}: no args.strategy.type_ (not a GuideLLM 0.3 benchmark report)")
     return strategy
 
 

@@ -302,7 +302,7 @@ def register(sub) -> None:
                                  ("llama-log", cmd_import_llama_log, "llama-cli / llama-perplexity logs (their timing "
                                   "lines), as llama.cpp's CI keeps them"),
                                  ("vllm-bench", cmd_import_vllm_bench, "vllm bench serve/latency/throughput JSON"),
-                                 ("guidellm", cmd_import_guidellm, "GuideLLM's benchmark report JSON (any "
+                                 ("guidellm", cmd_import_guidellm, "GuideLLM 0.3's benchmark report JSON (any "
                                   "OpenAI-compatible server): one record per load level"),
                                  ("vllm-log", cmd_import_vllm_log, "a vLLM server's start-up log on a GPU: the KV "
                                   "pool it sized, which benchcal calibrate checks the predicted pool against")):
