@@ -29,6 +29,7 @@ from typing import Any
 from calibration.importers import read_result_file, store_new_records
 from calibration.importers_vllm import vllm_record
 from predictor.devices import resolve_device
+from predictor.engines import traits
 from predictor.errors import BenchcalError
 from predictor.models import resolve_model
 from predictor.quants import normalize_engine, resolve_quant
@@ -133,8 +134,7 @@ def import_guidellm(path: str | Path, *, model: str, runs_dir: str | Path, gpu: 
         record = vllm_record(result, model=model_id, device=device, quant=quant_id, file_name=file.name,
                              source_url=source_url, import_key=key, gpu_count=gpu_count)
         record["config"]["engine"] = engine_id
-        if engine_id == "llama.cpp":
-            record["config"]["kv_dtype"] = "f16"  # llama.cpp's default cache type (vLLM's: the model's, BF16)
+        record["config"]["kv_dtype"] = traits(engine_id).default_kv_dtype  # the server's default cache type
         record["measurements"]["serve"]["guidellm_strategy"] = result["guidellm_strategy"]
         if "guidellm_tpot_ms" in result:
             record["measurements"]["serve"]["guidellm_tpot_ms"] = result["guidellm_tpot_ms"]
