@@ -228,5 +228,6 @@ def summary_lines(result: CheckResult) -> list[str]:
     pools = result.gpu_kv_pool
     if pools:
         lines.append(f"  vllm GPU KV pool (imported logs, none fitted): median |error| "
-                     f"{100 * pools['median_abs_error']:.1f}%, max {100 * pools['max_abs_error']:.1f}% (n={pools['n']})")
+                     f"{100 * pools['median_abs_error']:.1f}%, max {100 * pools['max_abs_error']:.1f}%, within 5%: "
+                     f"{pools.get('within_5_percent', 0)} of {pools['n']}")
     return lines

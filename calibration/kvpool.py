@@ -141,11 +141,13 @@ def _readable_version(version: Any) -> str | None:
 
 
 def gpu_pool_summary(checks: list[dict[str, Any]]) -> dict[str, Any]:
-    """``{n, median_abs_error, mean_abs_error, max_abs_error, median_error}`` over the scored checks."""
+    """``{n, within_5_percent, median_abs_error, mean_abs_error, max_abs_error, median_error}`` over the scored
+    checks."""
     errors = np.array([c["error"] for c in checks if c["scored"]], dtype=float)
     if not len(errors):
         return {"n": 0}
-    return {"n": int(len(errors)), "median_abs_error": round(float(np.median(np.abs(errors))), 4),
+    return {"n": int(len(errors)), "within_5_percent": int(np.sum(np.abs(errors) <= 0.05)),
+            "median_abs_error": round(float(np.median(np.abs(errors))), 4),
             "mean_abs_error": round(float(np.mean(np.abs(errors))), 4),
             "max_abs_error": round(float(np.max(np.abs(errors))), 4),
             "median_error": round(float(np.median(errors)), 4)}

@@ -119,7 +119,8 @@ def cmd_calibrate(args) -> int:
         summary = table["vllm_gpu_kv_pool_checks"]["summary"]
         print(f"vLLM KV pool on GPUs, {summary['n']} imported logs (none fitted): median |error| "
               f"{summary['median_abs_error']:.1%}, mean {summary['mean_abs_error']:.1%}, "
-              f"max {summary['max_abs_error']:.1%}" if summary["n"] else "vLLM KV pool on GPUs: no scored log")
+              f"max {summary['max_abs_error']:.1%}, within 5%: {summary['within_5_percent']} of {summary['n']}"
+              if summary["n"] else "vLLM KV pool on GPUs: no scored log")
     for path in write_table(table, out, dirs):
         print(f"wrote {path}")
     metrics = table.get("cross_validation") or {}
