@@ -24,6 +24,7 @@ from harness import records
 from predictor.coefficients import Coefficients
 from predictor.devices import cpu_device
 from predictor.engines import traits
+from predictor.eras import run_era
 from predictor.estimate import predict_scenario
 from predictor.registry import ENGINE_DEFAULTS
 from predictor.scenario import Scenario
@@ -99,6 +100,7 @@ def gpu_kv_pool_checks(runs_dirs: Iterable[str | Path], coefficients: Any = "def
 def _gpu_check(record: dict[str, Any], coefficients: Any) -> dict[str, Any]:
     config, provenance = record["config"], record["provenance"]
     options = config.get("engine_options") or {}
+    version = provenance.get("engine_version")
     breakdown = (record.get("memory") or {}).get("engine_breakdown") or {}
     logged = float(breakdown["kv_bytes"]) / GIB
     scenario = Scenario(model=str(config["model"]), device=str(config["device"]), engine="vllm",
@@ -108,12 +110,13 @@ def _gpu_check(record: dict[str, Any], coefficients: Any) -> dict[str, Any]:
                         enforce_eager=bool(options.get("enforce_eager", False)),
                         max_num_seqs=options.get("max_num_seqs"),
                         max_num_batched_tokens=options.get("max_num_batched_tokens"),
-                        engine_build=_readable_version(provenance.get("engine_version")))
+                        # predicted as the log's version sizes its pool where an era covers it, else the newest
+                        engine_build=version if run_era("vllm", version) else None)
     est = predict_scenario(scenario, coefficients, launch=False)
     predicted = float(est.serving["kv_pool_gib"])
     engine_generation = provenance.get("vllm_engine") or "V1"
     check = {"run": record["id"], "device": config["device"], "model": config["model"], "quant": config["quant"],
-             "vllm_version": provenance.get("engine_version"), "vllm_engine": engine_generation,
+             "vllm_version": version, "vllm_engine": engine_generation,
              "source_url": provenance.get("source_url"),
              "logged_gib": round(logged, 3), "predicted_gib": round(predicted, 3),
              "error": round(predicted / logged - 1.0, 4),
@@ -123,21 +126,6 @@ def _gpu_check(record: dict[str, Any], coefficients: Any) -> dict[str, Any]:
     if not check["scored"]:
         check["not_scored_because"] = "vLLM's V0 engine (removed in 0.11) profiled its pool another way"
     return check
-
-
-def _readable_version(version: Any) -> str | None:
-    """The log's vLLM version when an era covers it (the pool is then predicted as that version sizes it), else
-    None (predicted as the newest version sizes it)."""
-    from predictor.eras import era_for_build
-    from predictor.errors import BenchcalError
-
-    if not version:
-        return None
-    try:
-        era_for_build("vllm", str(version))
-    except BenchcalError:
-        return None
-    return str(version)
 
 
 def gpu_pool_summary(checks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -248,6 +248,7 @@ def fit_table(dataset: Dataset, masks: dict[str, np.ndarray] | None = None, *, n
         eng: dict[str, Any] = {"default": {}, "families": {}, "devices": {}}
         table["engines"][engine] = eng
         scopes = scopes_of(dataset, engine, masks)
+        fixed: dict[str, Any] = {}  # this engine's own: none where it has no engine scope
         for scope in scopes:
             _fit_scope(dataset, table, eng, engine, scope, prior, n_boot, rng, masks)
             if scope.scope == "engine":
