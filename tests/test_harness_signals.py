@@ -110,3 +110,65 @@ def test_engine_dies_with_a_killed_harness(bench):
     while psutil.pid_exists(child.pid) and child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE
+
+
+SERVING_RUN = ["--gpu", "cpu", "--model", "smollm2-135m", "--quant", "Q8_0", "--ctx", "512", "--prompt", "32",
+               "--gen", "64", "--threads", "1", "--override", "num_layers=4", "--override", "vocab_size=4096",
+               "--serve", "--concurrency", "1", "--requests", "400"]
+
+
+@pytest.fixture
+def serving(tmp_path_factory, tmp_path):
+    cache = tmp_path_factory.getbasetemp() / "benchcal-cache"
+    runs = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "BENCHCAL_CACHE": str(cache)}
+    proc = subprocess.Popen([sys.executable, "-m", "benchcal", "bench", *SERVING_RUN, "--runs-dir", str(runs)],
+                            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    yield proc, runs
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def server_child(parent: subprocess.Popen, timeout_s: float = 240.0) -> psutil.Process:
+    """The server process, once the load is running (its start announced on the harness's output)."""
+    deadline = time.monotonic() + timeout_s
+    seen = b""
+    os.set_blocking(parent.stdout.fileno(), False)
+    while time.monotonic() < deadline:
+        assert parent.poll() is None, seen.decode(errors="replace")
+        seen += parent.stdout.read() or b""
+        servers = [p for p in psutil.Process(parent.pid).children(recursive=True)
+                   if "llama_cpp.server" in _cmdline(p)]
+        if servers and b"concurrency 1, 400 requests" in seen:
+            time.sleep(1.0)  # some requests served
+            return servers[0]
+        time.sleep(0.1)
+    raise AssertionError("the server never started serving: " + seen.decode(errors="replace")[-2000:])
+
+
+def _gone(process: psutil.Process, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(process.pid) or process.status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_sigterm_during_a_serving_run_stops_the_server_and_records_the_run(serving):
+    proc, runs = serving
+    server = server_child(proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    assert _gone(server)
+    (stored,) = [run.record for run in records.iter_records(runs)]
+    assert stored["status"] == "interrupted" and stored["config"]["serve"]
+
+
+def test_the_server_dies_with_a_killed_harness(serving):
+    proc, _ = serving
+    server = server_child(proc)
+    proc.kill()
+    proc.wait(timeout=10)
+    assert _gone(server)

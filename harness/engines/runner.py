@@ -179,7 +179,7 @@ def run_engine(
     events: list[dict[str, Any]] = []
     timed_out = interrupted = False
     started = time.perf_counter()
-    previous_term = _install_sigterm()
+    previous_term = install_sigterm()
     # Ctrl-C sets a flag the loop reads every 50 ms rather than raising KeyboardInterrupt wherever the main
     # thread happens to be: inside a progress callback it could leave a lock held that the progress bar's
     # refresh thread waits on when it stops, and the harness would hang instead of exiting.
@@ -241,7 +241,7 @@ def run_engine(
             os.close(read_fd)
             if previous_int is not None:
                 signal.signal(signal.SIGINT, previous_int)
-            _restore_sigterm(previous_term)
+            restore_sigterm(previous_term)
     wall_s = time.perf_counter() - started
     log_text, tail = read_log_tail(log_file)
     error = next((e for e in events if e.get("event") == "error"), None)
@@ -284,7 +284,9 @@ def memory_report(rss: Mapping[str, Any], nvml: Mapping[str, Any] | None) -> dic
     }
 
 
-def _install_sigterm() -> Any:
+def install_sigterm() -> Any:
+    """Make SIGTERM raise :class:`Terminated` (a KeyboardInterrupt) in the main thread; returns the previous handler
+    (None off the main thread), for :func:`restore_sigterm`."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
@@ -294,7 +296,7 @@ def _install_sigterm() -> Any:
     return signal.signal(signal.SIGTERM, handler)
 
 
-def _restore_sigterm(previous: Any) -> None:
+def restore_sigterm(previous: Any) -> None:
     if previous is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, previous)
 
@@ -315,14 +317,20 @@ def _ignore_sigint() -> Any:
 # ------------------------------------------------------------------------------------------- child side
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the harness exits; exit now if it already has."""
-    parent = int(os.environ.get("BENCHCAL_PARENT_PID", "0") or 0)
+def kill_with_parent() -> None:
+    """In a child between fork and exec (``Popen(preexec_fn=...)``): ask Linux to SIGKILL it when the harness dies,
+    even by SIGKILL, which no handler sees."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the harness exits; exit now if it already has."""
+    parent = int(os.environ.get("BENCHCAL_PARENT_PID", "0") or 0)
+    kill_with_parent()
     if parent and os.getppid() != parent:
         os._exit(3)
 

@@ -19,6 +19,7 @@ from typing import Any
 from harness import records
 from harness.engines import engine_setup
 from harness.engines.base import classify_failure, engine_class
+from harness.engines.runner import install_sigterm, restore_sigterm
 from harness.runconfig import log_path_for, prepare_config, prepare_weights
 from harness.serving.loadgen import level_summary, run_level
 from harness.serving.server import ServerFailed, ServerProcess, free_port, read_metrics
@@ -128,6 +129,7 @@ def run_serving(
     process = ServerProcess(server.command(cfg, weights_path, port), log_path, port=port,
                             ready_path=server.ready_path, env=server.environment(cfg, os.environ),
                             startup_timeout_s=float(cfg.get("timeout_s") or 900.0), device_index=index)
+    previous_term = install_sigterm()  # SIGTERM ends the run like Ctrl-C: the server stopped, the record written
     try:
         with process:
             startup_s = process.startup_s
@@ -161,6 +163,8 @@ def run_serving(
         failed = exc
     except KeyboardInterrupt:
         status, reason, interrupted = "interrupted", "interrupted by the user (SIGINT/SIGTERM)", True
+    finally:
+        restore_sigterm(previous_term)
     memory = process.memory()  # the server is stopped: its samplers' final report
     log_text, tail = process.log_tail()
     if failed is not None:

@@ -1,6 +1,8 @@
 """An engine's OpenAI-compatible server as a child process: started in its own process group on 127.0.0.1 with a
 free port, waited for until it answers, its memory sampled (RSS of its process tree; NVML on a GPU), its
-Prometheus metrics read where it has them, and always stopped, on every exit path (a ``with`` block).
+Prometheus metrics read where it has them, and always stopped, on every exit path (a ``with`` block; SIGTERM to the
+harness is handled like Ctrl-C by :func:`harness.serving.run.run_serving`, and the kernel kills the server if the
+harness dies without a chance to stop it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.engines.runner import kill_process_tree, memory_report, read_log_tail
+from harness.engines.runner import kill_process_tree, kill_with_parent, memory_report, read_log_tail
 from harness.samplers import NvmlSampler, RssTreeSampler, nvml_available
 
 LOCALHOST = "127.0.0.1"
@@ -62,7 +64,7 @@ class ServerProcess:
         started = time.perf_counter()
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True, env=self.env)
+                                         start_new_session=True, env=self.env, preexec_fn=kill_with_parent)
         try:
             self.rss = RssTreeSampler(self.proc.pid).start()
             if self.device_index is not None and nvml_available():
