@@ -86,10 +86,21 @@ def step_times(scenario: Scenario, concurrency: int, output_tokens: int, coeffic
     batch = min(max(int(concurrency), 1), int(max_num_seqs or concurrency))
     one = predict_scenario(scenario.replace(batch=1), coefficients, launch=False).values
     decode1 = predict_scenario(scenario.replace(batch=1, prompt_tokens=middle), coefficients, launch=False).values
-    decode = decode1 if batch == 1 else predict_scenario(scenario.replace(batch=batch, prompt_tokens=middle),
+    decode = decode1 if batch == 1 else predict_scenario(batch_step(scenario, batch, middle, output_tokens),
                                                          coefficients, launch=False).values
     return {"prefill_s": float(one["prefill_s"]), "step1_s": float(decode1["decode_step_s"]),
             "step_s": float(decode["decode_step_s"])}
+
+
+def batch_step(scenario: Scenario, batch: int, tokens: int, output_tokens: int) -> Scenario:
+    """The scenario of one decode step of ``batch`` sequences with ``tokens`` in the cache each. A batching server
+    keeps only the tokens each sequence has (vLLM's paged pool), so beyond one sequence the context is the
+    sequences' own length (prompt + output), not the server's maximum: ``batch`` x the maximum would size a cache no
+    batching server holds (and wrongly offload it)."""
+    if batch <= 1:
+        return scenario.replace(batch=1, prompt_tokens=tokens)
+    own = int(scenario.prompt_tokens) + max(int(output_tokens), 1)
+    return scenario.replace(batch=batch, prompt_tokens=tokens, context=min(int(scenario.context), own))
 
 
 def serving_mode(engine: str) -> str:
@@ -261,7 +272,7 @@ def step_curve(scenario: Scenario, output_tokens: int, largest: int, coefficient
 
     middle = int(scenario.prompt_tokens) + max(int(output_tokens), 1) // 2
     sizes = sorted({1, max(int(largest), 1)} | {2 ** k for k in range(1, 16) if 2 ** k < largest})
-    steps = [float(predict_scenario(scenario.replace(batch=b, prompt_tokens=middle), coefficients,
+    steps = [float(predict_scenario(batch_step(scenario, b, middle, output_tokens), coefficients,
                                     launch=False).values["decode_step_s"]) for b in sizes]
     prefill = float(predict_scenario(scenario.replace(batch=1), coefficients, launch=False).values["prefill_s"])
     return prefill, (lambda b: float(np.interp(b, sizes, steps)))

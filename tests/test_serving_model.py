@@ -238,3 +238,15 @@ def test_predict_html_draws_the_load_curves(tmp_path):
         assert main(["predict", "--model", "qwen2.5-7b", "--gpu", "h100-sxm", "--engine", "vllm", "--prompt", "1024",
                      flag, value, "--format", "html", "--output", str(out)]) == 0
         assert "Serving: " in out.read_text()
+
+
+def test_a_batching_servers_step_sizes_the_cache_by_the_sequences_not_the_maximum_context():
+    from predictor.load import predict_rate
+
+    base = Scenario(model="llama-3.2-3b", device="l40s", engine="vllm", quant="BF16", context=1263, prompt_tokens=999)
+    # 64 sequences x 8,192 tokens would not fit an L40S; 64 x 1,263 does, and that is what vLLM's pool holds
+    for context in (8192, 32768):
+        wide = base.replace(context=context)
+        assert predict_load(wide, 64, 264)["tpot_ms"] == pytest.approx(predict_load(base, 64, 264)["tpot_ms"])
+        assert predict_rate(wide, 5.0, 264)["tpot_ms"]["p50"] == pytest.approx(
+            predict_rate(base, 5.0, 264)["tpot_ms"]["p50"])
