@@ -8,8 +8,10 @@ write the same keys).
   (``median_ttft_ms``, ``median_tpot_ms``, mean and std) become a prefill point (TTFT only) and a decode
   point (``1000 / TPOT`` tokens per second per sequence). The batch is ``max_concurrency``; without it
   (a request-rate run) it is estimated with Little's law, in-flight requests = request throughput x mean
-  request latency, and the record says so (``batch_estimated``). Calibration fits decode on batch-1
-  records only.
+  request latency, and the record says so (``batch_estimated``). A result that names several engine replicas
+  behind one endpoint (llm-d's ``decode_replicas``) keeps their number (``replicas``): a record describes one GPU,
+  whose batch is its share of the load. Calibration fits decode on batch-1 records only; the serving model's
+  server terms are fitted on the ``serve`` figures (:mod:`calibration.serving`).
 - latency: ``avg_latency`` and ``latencies`` (seconds) of whole requests; the file does not hold the
   input/output lengths or batch, so they are options. With ``--output-len 1`` the latency is a TTFT.
 - throughput: ``tokens_per_second`` of an offline batch; stored for reports, not calibrated.
@@ -108,18 +110,31 @@ def serve_figures(result: dict[str, Any]) -> dict[str, Any]:
     for old in ("p99_ttft_ms", "p99_tpot_ms"):  # the keys earlier imports kept
         if old in result:
             out[old] = result[old]
+    replicas = serve_replicas(result)
+    if replicas > 1:
+        out["replicas"] = replicas
     return out
 
 
+def serve_replicas(result: dict[str, Any]) -> int:
+    """How many engine replicas shared the load: llm-d's benchmark metadata ``decode_replicas`` (each replica a
+    whole model on its own GPU behind a gateway), else 1."""
+    try:
+        return max(int(result.get("decode_replicas") or 1), 1)
+    except (TypeError, ValueError):
+        return 1
+
+
 def serve_batch(result: dict[str, Any]) -> tuple[int, bool]:
-    """(batch, estimated): ``max_concurrency``, else Little's law from throughput and mean latency."""
+    """(batch, estimated) of one replica (:func:`serve_replicas`): ``max_concurrency``, else Little's law from
+    throughput and mean latency."""
     if result.get("max_concurrency"):
-        return int(result["max_concurrency"]), False
+        return max(round(int(result["max_concurrency"]) / serve_replicas(result)), 1), False
     _input_len, output_len = _serve_lengths(result)
     latency_ms = result.get("mean_e2el_ms")
     if latency_ms is None and result.get("mean_ttft_ms") is not None:
         latency_ms = float(result["mean_ttft_ms"]) + float(result.get("mean_tpot_ms") or 0) * max(output_len - 1, 0)
-    rate = float(result.get("request_throughput") or 0)
+    rate = float(result.get("request_throughput") or 0) / serve_replicas(result)
     if not latency_ms or not rate:
         return 1, True
     return max(1, round(rate * float(latency_ms) / 1000.0)), True

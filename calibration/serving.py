@@ -9,20 +9,34 @@ errors of the measured TTFT, TPOT and end-to-end latency (p50) of every concurre
 without each run's highest concurrency and predicts it: output tokens/s and TTFT p50 against what was measured.
 Request-rate levels (Poisson arrivals) are never fitted: each is predicted by :func:`predictor.load.rate_figures`
 from the fit, with the same arrivals the load generator drew (its ``arrival_seed``), and compared.
+
+Imported serving results (``benchcal import vllm-bench`` or ``guidellm``: ``measurements.serve``) are levels too,
+with the file's mean prompt and output lengths as fixed lengths and its load split evenly over the replicas it
+names (``replicas``, e.g. llm-d's ``decode_replicas``: one GPU's share). A ``max_concurrency`` result is a closed-loop
+level like the harness's; a result at a finite request rate is a rate level, simulated with Poisson arrivals drawn
+from seed 0 (the file keeps no seed: the same rate, not the same draws) and vLLM's default batch limits on the
+device. Left out: other arrivals than Poisson ones, and an infinite rate without ``max_concurrency`` (every request
+sent at once: how many are in flight then depends on the client's connection pool and any gateway in front, which
+the file does not record; the public L40S results measured at it disagree with each other 4.7x in TTFT). An engine
+and device with concurrency levels is fitted on them as above; one with request-rate levels only (published
+``vllm bench serve`` runs often set a rate and no concurrency) is fitted on those, by nonlinear least squares over the
+simulation, and its held-out check refits without each load (each request rate) in turn and predicts it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.optimize import nnls
+from scipy.optimize import least_squares, nnls
 
 from calibration.features import run_arch, run_device
 from calibration.observations import run_row
 from harness import records
+from predictor.errors import BenchcalError
 from predictor.load import (
     DEFAULT_MAX_NUM_SEQS,
     OVERHEADS,
@@ -32,6 +46,7 @@ from predictor.load import (
     step_curve,
     step_times,
 )
+from predictor.memory import vllm_batch_defaults
 from predictor.scenario import Scenario
 
 TARGETS = ("ttft_ms", "tpot_ms", "e2el_ms")
@@ -45,6 +60,15 @@ def serving_levels(runs_dirs: Iterable[str | Path], coefficients: Any = "default
             record = stored.record
             config = record.get("config") or {}
             serving = (record.get("measurements") or {}).get("serving") or {}
+            if record.get("status") == "ok" and not config.get("serve") \
+                    and (record.get("measurements") or {}).get("serve"):
+                try:
+                    level = imported_level(stored.path, record, coefficients)
+                except BenchcalError:  # an imported CPU result: no probe of the host it ran on
+                    continue
+                if level is not None:
+                    out.append(level)
+                continue
             if not config.get("serve") or record.get("status") != "ok":
                 continue
             row = run_row(stored.path, record)
@@ -59,8 +83,8 @@ def serving_levels(runs_dirs: Iterable[str | Path], coefficients: Any = "default
             for level in serving.get("levels") or []:
                 if not level.get("completed"):
                     continue
-                entry = {"run": record["id"], "engine": config["engine"], "device": row["device"],
-                         "device_id": scenario.device.id, "model": row["model_key"], "mode": mode,
+                entry = {"run": record["id"], "series": record["id"], "engine": config["engine"],
+                         "device": row["device"], "device_id": scenario.device.id, "model": row["model_key"], "mode": mode,
                          "concurrency": None, "max_num_seqs": max_num_seqs,
                          "output_tokens": int(serving["output_tokens"]),
                          "measured": {"ttft_ms": level["ttft_ms"]["p50"], "tpot_ms": level["tpot_ms"]["p50"],
@@ -80,6 +104,74 @@ def serving_levels(runs_dirs: Iterable[str | Path], coefficients: Any = "default
                     continue
                 out.append(entry)
     return out
+
+
+def _median(stats: Any) -> float | None:
+    if not isinstance(stats, Mapping):
+        return None
+    value = stats.get("median", stats.get("p50"))
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _rate(value: Any) -> float | None:
+    """A result's request rate: a number, ``inf`` (vLLM writes the string) or None."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _series(record: Mapping[str, Any]) -> str:
+    """The levels measured together: an imported file (one record per level), named by its source and name."""
+    prov = record.get("provenance") or {}
+    return f"{prov.get('source_url') or ''}#{prov.get('imported_from') or record['id']}"
+
+
+def imported_level(path: Path, record: Mapping[str, Any], coefficients: Any = "default") -> dict[str, Any] | None:
+    """The level of one imported serving result (see the module docstring), or None when it cannot be one: no
+    lengths, no median TTFT or TPOT, or arrivals other than a fixed concurrency or Poisson ones."""
+    config = record.get("config") or {}
+    serve = (record.get("measurements") or {}).get("serve") or {}
+    prompt = (config.get("prompt_tokens") or [0])[0]
+    output = int(config.get("gen_tokens") or 0)
+    ttft, tpot = _median(serve.get("ttft_ms")), _median(serve.get("tpot_ms"))
+    if not prompt or output < 2 or ttft is None or tpot is None or not serve.get("output_throughput"):
+        return None
+    replicas = max(int(serve.get("replicas") or 1), 1)
+    rate = _rate(serve.get("request_rate"))
+    concurrency = serve.get("max_concurrency")
+    if serve.get("guidellm_strategy") not in (None, "synchronous", "concurrent", "poisson") \
+            or float(serve.get("burstiness") or 1.0) != 1.0:
+        return None
+    row = run_row(path, dict(record))
+    scenario = Scenario(
+        model=run_arch(str(row["model"]), str(row["arch_overrides"])), device=run_device(row),
+        engine=str(config["engine"]), quant=config.get("quant"), context=int(config["context"]),
+        prompt_tokens=int(prompt), kv_dtype=config.get("kv_dtype"),
+        flash_attn=bool((config.get("engine_options") or {}).get("flash_attn", False)))
+    mode = serving_mode(str(config["engine"]))
+    max_batched, max_num_seqs = vllm_batch_defaults(scenario.device) if mode == "continuous" else (None, 1)
+    entry: dict[str, Any] = {
+        "run": record["id"], "series": _series(record), "engine": config["engine"], "device": row["device"],
+        "device_id": scenario.device.id,
+        "model": row["model_key"], "mode": mode, "concurrency": None, "max_num_seqs": max_num_seqs,
+        "output_tokens": output, "imported": True, "replicas": replicas,
+        "measured": {"ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": _median(serve.get("e2el_ms")),
+                     "output_tok_s": float(serve["output_throughput"]) / replicas}}
+    if concurrency and (rate is None or math.isinf(rate)):
+        entry["concurrency"] = max(round(int(concurrency) / replicas), 1)
+        entry["times"] = step_times(scenario, entry["concurrency"], output, coefficients, max_num_seqs)
+        return entry
+    if rate is None or concurrency or math.isinf(rate):
+        return None  # a rate capped by a concurrency, or everything at once: see the module docstring
+    requests = max(round(int(serve.get("completed") or serve.get("num_prompts") or 0) / replicas), 1)
+    largest = 1 if mode == "serial" else min(int(max_num_seqs or DEFAULT_MAX_NUM_SEQS), requests)
+    entry.update({"request_rate": rate / replicas, "requests": requests, "arrival_seed": 0,
+                  "prompt_tokens": int(prompt), "max_num_batched_tokens": max_batched,
+                  "curve": step_curve(scenario, output, largest, coefficients)})
+    return entry
 
 
 PARAMETERS = ("prefill_scale", "step_overhead_ms", "seq_overhead_ms", "request_overhead_ms")
@@ -119,36 +211,83 @@ def fit_overheads(levels: list[Mapping[str, Any]]) -> dict[str, float]:
     return {**zero, **{p: float(v) for p, v in zip(free, solution, strict=True)}}
 
 
+def _rate_predicted(level: Mapping[str, Any], values: Mapping[str, float]) -> dict[str, Any]:
+    """:func:`predictor.load.rate_figures` for a request-rate level: its number of arrivals, from its seed, all
+    counted (the level starts at an idle server)."""
+    prefill, step = level["curve"]
+    return rate_figures(level["mode"], level["request_rate"], level["output_tokens"], prefill, step,
+                        max_num_seqs=level.get("max_num_seqs"), prompt_tokens=level["prompt_tokens"],
+                        max_num_batched_tokens=level.get("max_num_batched_tokens"), requests=level["requests"],
+                        warmup=0, seed=int(level.get("arrival_seed") or 0), steady_state=False,
+                        **{p: float(values[p]) for p in PARAMETERS})
+
+
+def fit_rates(levels: list[Mapping[str, Any]]) -> dict[str, float]:
+    """:data:`PARAMETERS` (non-negative) minimizing the relative errors of the measured TTFT, TPOT and E2EL (p50)
+    of request-rate levels, each simulated (:func:`_rate_predicted`): the figures are not linear in the terms once
+    requests queue, so the fit is nonlinear least squares from the neutral terms."""
+    serial = all(level["mode"] == "serial" for level in levels)
+    free = [p for p in PARAMETERS if not (serial and p == "seq_overhead_ms")]
+
+    def values(x: np.ndarray) -> dict[str, float]:
+        return {**{p: 0.0 for p in PARAMETERS}, **dict(zip(free, (float(v) for v in x), strict=True))}
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        out = []
+        for level in levels:
+            predicted = _rate_predicted(level, values(x))
+            for target in TARGETS:
+                measured = level["measured"].get(target)
+                if measured and np.isfinite(measured) and measured > 0:
+                    out.append(predicted[target]["p50"] / measured - 1.0)
+        return np.asarray(out)
+
+    x0 = np.asarray([OVERHEADS[p] for p in free], float)
+    if not len(residuals(x0)):
+        return dict(OVERHEADS)
+    result = least_squares(residuals, x0, bounds=(np.zeros(len(free)), np.full(len(free), np.inf)),
+                           diff_step=1e-3, x_scale=np.asarray([1.0 if p == "prefill_scale" else 10.0 for p in free]))
+    return values(result.x)
+
+
 def _error(predicted: float, measured: float | None) -> float | None:
     return None if not measured else predicted / measured - 1.0
 
 
 def fit_serving(runs_dirs: Iterable[str | Path], coefficients: Any = "default") -> dict[str, Any]:
     """``{engine: {device_id: fit}}``: the overheads, the levels they come from, the in-sample errors and the
-    held-out errors at each run's highest concurrency. Empty when no serving run was measured."""
+    held-out errors at each run's (or imported file's) highest concurrency. Empty when no serving run was measured."""
     every = serving_levels(list(runs_dirs), coefficients)
     levels = [lv for lv in every if lv["concurrency"] is not None]
     out: dict[str, Any] = {}
-    for key in sorted({(lv["engine"], lv["device_id"]) for lv in levels}):
+    for key in sorted({(lv["engine"], lv["device_id"]) for lv in every}):
         group = [lv for lv in levels if (lv["engine"], lv["device_id"]) == key]
+        if not group:
+            out.setdefault(key[0], {})[key[1]] = _fit_on_rates([lv for lv in every
+                                                                if (lv["engine"], lv["device_id"]) == key])
+            continue
         fit = fit_overheads(group)
         rates = [_rate_check(lv, fit) for lv in every
                  if lv["concurrency"] is None and (lv["engine"], lv["device_id"]) == key]
         in_sample = [_check(lv, fit) for lv in group]
         held_out = []
-        for run in sorted({lv["run"] for lv in group}):
-            top = max(lv["concurrency"] for lv in group if lv["run"] == run)
-            train = [lv for lv in group if not (lv["run"] == run and lv["concurrency"] == top)]
-            if not any(lv["run"] == run for lv in train):
+        for series in sorted({lv["series"] for lv in group}):
+            top = max(lv["concurrency"] for lv in group if lv["series"] == series)
+            train = [lv for lv in group if not (lv["series"] == series and lv["concurrency"] == top)]
+            if not any(lv["series"] == series for lv in train):
                 continue
-            target = next(lv for lv in group if lv["run"] == run and lv["concurrency"] == top)
-            held_out.append(_check(target, fit_overheads(train)))
+            for target in (lv for lv in group if lv["series"] == series and lv["concurrency"] == top):
+                held_out.append(_check(target, fit_overheads(train)))
+        series = len({lv["series"] for lv in group})
+        imported = sum(1 for lv in group if lv.get("imported"))
+        what = (f"{series} run(s)" if not imported else f"{series} imported file(s)" if imported == len(group)
+                else f"{series} run(s) and imported file(s)")
         out.setdefault(key[0], {})[key[1]] = {
             **{k: round(v, 4) for k, v in fit.items()}, "levels": len(group),
             "runs": sorted({lv["run"] for lv in group}), "models": sorted({lv["model"] for lv in group}),
             "concurrency": sorted({lv["concurrency"] for lv in group}), "mode": group[0]["mode"],
             "in_sample": in_sample, "held_out": held_out, "request_rates": rates,
-            "source": f"fitted from {len(group)} serving level(s) of {len({lv['run'] for lv in group})} run(s)"}
+            "source": f"fitted from {len(group)} serving level(s) of {what}"}
     return out
 
 
@@ -162,15 +301,32 @@ def _check(level: Mapping[str, Any], fit: Mapping[str, float]) -> dict[str, Any]
                             "error": _error(predicted["ttft_ms"], measured["ttft_ms"])}}
 
 
+def _fit_on_rates(group: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """An engine and device measured at request rates only: the terms fitted on every level, the in-sample checks,
+    and the held-out ones (each request rate predicted by the terms fitted on the other rates)."""
+    fit = fit_rates(group)
+    loads = sorted({lv["request_rate"] for lv in group})
+    held_out = []
+    if len(loads) > 1:
+        for load in loads:
+            train = [lv for lv in group if lv["request_rate"] != load]
+            terms = fit_rates(train)
+            held_out += [_rate_check(lv, terms) for lv in group if lv["request_rate"] == load]
+    return {**{k: round(v, 4) for k, v in fit.items()}, "levels": len(group),
+            "runs": sorted({lv["run"] for lv in group}), "models": sorted({lv["model"] for lv in group}),
+            "concurrency": [], "request_rates_fitted": [None if math.isinf(r) else r for r in loads],
+            "mode": group[0]["mode"], "in_sample": [], "held_out": [],
+            "request_rates": [_rate_check(lv, fit) for lv in group], "request_rates_held_out": held_out,
+            "source": f"fitted from {len(group)} request-rate level(s) of {len(group)} imported result(s)"
+                      if all(lv.get("imported") for lv in group)
+                      else f"fitted from {len(group)} request-rate level(s)"}
+
+
 def _rate_check(level: Mapping[str, Any], fit: Mapping[str, float]) -> dict[str, Any]:
-    """A request-rate level (never fitted) against the fit's prediction: the same number of Poisson arrivals from
-    the same seed as the load generator drew (all counted: the level starts at an idle server)."""
-    prefill, step = level["curve"]
-    predicted = rate_figures(level["mode"], level["request_rate"], level["output_tokens"], prefill, step,
-                             max_num_seqs=level.get("max_num_seqs"), prompt_tokens=level["prompt_tokens"],
-                             requests=level["requests"], warmup=0, seed=int(level.get("arrival_seed") or 0),
-                             steady_state=False,
-                             **{p: float(fit[p]) for p in PARAMETERS})
+    """A request-rate level against the fit's prediction: the same number of Poisson arrivals from the same seed as
+    the load generator drew (all counted: the level starts at an idle server); an infinite rate, every request at
+    once (``request_rate`` None, ``all_at_once``)."""
+    predicted = _rate_predicted(level, fit)
     measured = level["measured"]
 
     def pair(value: float | None, actual: float | None) -> dict[str, Any]:
@@ -179,11 +335,31 @@ def _rate_check(level: Mapping[str, Any], fit: Mapping[str, float]) -> dict[str,
 
     ttft = (predicted["ttft_ms"] or {}).get("p50")
     tpot = (predicted["tpot_ms"] or {}).get("p50")
-    return {"run": level["run"], "request_rate": level["request_rate"], "requests": level["requests"],
-            "saturated": predicted["saturated"],
+    rate = level["request_rate"]
+    return {"run": level["run"], "request_rate": None if math.isinf(rate) else rate,
+            "all_at_once": math.isinf(rate), "requests": level["requests"], "saturated": predicted["saturated"],
             "output_tok_s": pair(predicted["output_tok_s"], measured["output_tok_s"]),
             "ttft_p50_ms": pair(ttft, measured["ttft_ms"]),
             "tpot_p50_ms": pair(tpot, measured["tpot_ms"])}
+
+
+def _rate_text(check: Mapping[str, Any]) -> str:
+    if check.get("all_at_once"):
+        return f"{check['requests']} requests at once"
+    return f"{check['request_rate']:g} requests/s ({check['requests']} Poisson arrivals)"
+
+
+def _rate_parts(check: Mapping[str, Any]) -> list[str]:
+    parts = []
+    for name, unit, key in (("output tok/s", "", "output_tok_s"), ("TTFT p50", " ms", "ttft_p50_ms"),
+                            ("TPOT p50", " ms", "tpot_p50_ms")):
+        item = check[key]
+        if item["predicted"] is None or item["measured"] is None:
+            parts.append(f"{name} {item['measured']} measured, none predicted (saturated)")
+        else:
+            parts.append(f"{name} {item['measured']:.1f}{unit} measured, {item['predicted']:.1f}{unit} "
+                         f"predicted ({item['error']:+.1%})")
+    return parts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(fits, indent=1))
         return 0
     if not fits:
-        print("no ok serving run with concurrency levels under " + ", ".join(args.runs_dirs))
+        print("no ok serving run or imported serving result under " + ", ".join(args.runs_dirs))
         return 1
     for engine, devices in fits.items():
         for device, fit in devices.items():
@@ -213,18 +389,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {label:9} concurrency {c['concurrency']}: output tok/s {out['measured']:.1f} measured, "
                           f"{out['predicted']:.1f} predicted ({out['error']:+.1%}); TTFT p50 {ttft['measured']:.0f} ms "
                           f"measured, {ttft['predicted']:.0f} predicted ({ttft['error']:+.1%})")
-            for c in fit["request_rates"]:
-                parts = []
-                for name, unit, key in (("output tok/s", "", "output_tok_s"), ("TTFT p50", " ms", "ttft_p50_ms"),
-                                        ("TPOT p50", " ms", "tpot_p50_ms")):
-                    item = c[key]
-                    if item["predicted"] is None or item["measured"] is None:
-                        parts.append(f"{name} {item['measured']} measured, none predicted (saturated)")
-                    else:
-                        parts.append(f"{name} {item['measured']:.1f}{unit} measured, {item['predicted']:.1f}{unit} "
-                                     f"predicted ({item['error']:+.1%})")
-                print(f"  never fitted, {c['request_rate']:g} requests/s ({c['requests']} Poisson arrivals): "
-                      + "; ".join(parts))
+            rate_label = "fitted" if fit.get("request_rates_fitted") else "never fitted"
+            for label, checks in ((rate_label, fit["request_rates"]), ("held out", fit.get("request_rates_held_out", []))):
+                for c in checks:
+                    print(f"  {label}, {_rate_text(c)}: " + "; ".join(_rate_parts(c)))
     return 0
 
 

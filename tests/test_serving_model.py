@@ -240,6 +240,43 @@ def test_predict_html_draws_the_load_curves(tmp_path):
         assert "Serving: " in out.read_text()
 
 
+IMPORTED_SERVE = Path(__file__).parent / "data" / "imported" / "vllm-bench-serve" / "results.json"
+GUIDELLM_CONCURRENT = Path(__file__).parent / "data" / "serving" / "guidellm" / "guidellm-0.3.0-concurrent-1-2-4.json"
+
+
+def test_imported_request_rate_results_calibrate_their_devices_server_terms(tmp_path):
+    from calibration.importers_vllm import import_vllm_bench
+    from calibration.serving import fit_serving
+
+    import_vllm_bench(IMPORTED_SERVE, model="llama-3.2-3b", runs_dir=tmp_path, gpu="l40s")
+    fit = fit_serving([tmp_path])["vllm"]["l40s"]
+    # 10 and 30 requests/s over the file's four decode replicas; the three results sending everything at once are
+    # left out (the client and the gateway, not the file, decide how many are in flight)
+    assert fit["request_rates_fitted"] == [2.5, 7.5] and fit["levels"] == 6 and fit["concurrency"] == []
+    assert "imported" in fit["source"] and fit["mode"] == "continuous"
+    assert all(fit[p] >= 0 for p in PARAMETERS) and fit["prefill_scale"] > 0
+    results = [json.loads(line) for line in IMPORTED_SERVE.read_text().splitlines()]
+    per_gpu = sorted(r["output_throughput"] / 4 for r in results if r["request_rate"] != "inf")
+    held = fit["request_rates_held_out"]
+    assert {c["request_rate"] for c in held} == {2.5, 7.5}  # each rate predicted by the terms fitted on the other
+    assert sorted(c["output_tok_s"]["measured"] for c in held) == pytest.approx(per_gpu)
+    for c in held + fit["request_rates"]:
+        assert all(c[k]["predicted"] > 0 for k in ("output_tok_s", "ttft_p50_ms", "tpot_p50_ms"))
+
+
+def test_imported_concurrency_levels_are_fitted_like_the_harness_levels(tmp_path):
+    from calibration.importers_guidellm import import_guidellm
+    from calibration.serving import fit_serving
+
+    # the device is a label here (the report does not name it): the test is of the levels, not of the GPU
+    import_guidellm(GUIDELLM_CONCURRENT, model="smollm2-135m", runs_dir=tmp_path, gpu="rtx-4090", engine="llama.cpp",
+                    quant="Q8_0")
+    fit = fit_serving([tmp_path])["llama.cpp"]["rtx-4090"]
+    assert fit["concurrency"] == [1, 2, 4] and fit["mode"] == "serial" and fit["request_rates"] == []
+    assert [c["concurrency"] for c in fit["held_out"]] == [4]  # each report is one run: its highest level held out
+    assert fit["seq_overhead_ms"] == 0.0  # one sequence per step: not identifiable
+
+
 def test_a_batching_servers_step_sizes_the_cache_by_the_sequences_not_the_maximum_context():
     from predictor.load import predict_rate
 

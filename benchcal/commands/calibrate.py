@@ -80,10 +80,15 @@ def _serving(dirs: list[str], table: dict) -> dict:
     fits = fit_serving(dirs, Coefficients(table))
     for engine, devices in fits.items():
         for device, fit in devices.items():
-            held = [c for c in fit["held_out"] if c["output_tok_s"]["error"] is not None]
-            worst = (f"; held-out highest concurrency: output tok/s {max(abs(c['output_tok_s']['error']) for c in held):.1%}"
+            rated = bool(fit.get("request_rates_fitted"))
+            checks = fit.get("request_rates_held_out", []) if rated else fit["held_out"]
+            held = [c for c in checks if c["output_tok_s"]["error"] is not None]
+            what = "each request rate" if rated else "highest concurrency"
+            worst = (f"; held-out {what}: output tok/s {max(abs(c['output_tok_s']['error']) for c in held):.1%}"
                      f", TTFT p50 {max(abs(c['ttft_p50_ms']['error'] or 0) for c in held):.1%} worst") if held else ""
-            print(f"serving {engine} on {device}: {fit['source']} (concurrency {fit['concurrency']}){worst}")
+            load = (f"request rates {['all at once' if r is None else r for r in fit['request_rates_fitted']]}"
+                    if rated else f"concurrency {fit['concurrency']}")
+            print(f"serving {engine} on {device}: {fit['source']} ({load}){worst}")
     return fits
 
 

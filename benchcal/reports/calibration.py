@@ -144,17 +144,20 @@ def add_serving_section(rep: Report, runs_dirs, table: Coefficients, charts: boo
     rows, data = [], []
     for engine, devices in fits.items():
         for device, fit in devices.items():
+            rated = bool(fit.get("request_rates_fitted"))  # fitted on request rates: no concurrency level
             for label, checks in (("in-sample", fit["in_sample"]), ("held out", fit["held_out"]),
-                                  ("never fitted", fit["request_rates"])):
+                                  ("in-sample" if rated else "never fitted", fit["request_rates"]),
+                                  ("held out", fit.get("request_rates_held_out", []))):
                 for c in checks:
                     load = (f"concurrency {c['concurrency']}" if "concurrency" in c
+                            else f"{c['requests']} requests at once" if c.get("all_at_once")
                             else f"{c['request_rate']:g} requests/s")
                     out, ttft = c["output_tok_s"], c["ttft_p50_ms"]
                     rows.append([engine, device, label, load, _round(out["measured"], 1), _round(out["predicted"], 1),
                                  _pct_or_dash(out["error"]), _round(ttft["measured"], 1),
                                  _round(ttft["predicted"], 1), _pct_or_dash(ttft["error"])])
                     data.append({"engine": engine, "device": device, "check": label, **c})
-            if charts:
+            if charts and fit["in_sample"]:
                 points = sorted(fit["in_sample"], key=lambda c: c["concurrency"])
                 xs = [c["concurrency"] for c in points]
                 name = f"{engine} on {device}"
@@ -174,6 +177,8 @@ def add_serving_section(rep: Report, runs_dirs, table: Coefficients, charts: boo
             ["engine", "device", "check", "load", "out tok/s measured", "predicted", "error", "TTFT p50 ms measured",
              "predicted", "error"],
             note="The serving model's server terms fitted on these runs' concurrency levels; 'held out' refits without "
-                 "each run's highest concurrency; request-rate levels are never fitted.")
+                 "each run's highest concurrency; request-rate levels are never fitted, except on an engine and "
+                 "device measured at request rates only (imported results), fitted on them: there 'held out' refits "
+                 "without each request rate.")
     if isinstance(rep.data, dict):
         rep.data["serving"] = data
