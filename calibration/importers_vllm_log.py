@@ -8,7 +8,8 @@ settings the pool depends on, which :mod:`calibration.kvpool` predicts the pool 
 
 The settings come from the log where it prints them (the engine's config line ``max_seq_len=N, ...,
 enforce_eager=B, kv_cache_dtype=D``, ``non-default args: {...}``, the utilization in vLLM's memory lines, the
-version in ``LLM engine (vX)``) and otherwise from the options given (a published excerpt often lacks them: the
+version in ``LLM engine (vX)``, FlashInfer's sampler in ``Using FlashInfer for top-p & top-k sampling``: its
+sort-free kernel keeps none of the buffers ``vllm_sampler_copies`` counts) and otherwise from the options given (a published excerpt often lacks them: the
 deployment file beside it says them); a setting found in neither is an error, except ``max_num_seqs`` and
 ``max_num_batched_tokens``, which default to the version's own defaults on the device
 (:func:`predictor.memory.vllm_batch_defaults`, vLLM 0.32.0; older versions: see the record's provenance).
@@ -34,6 +35,8 @@ SETTINGS = ("gpu_memory_utilization", "max_model_len", "max_num_seqs", "max_num_
             "kv_cache_dtype", "vllm_version")
 
 # Lines only vLLM's V0 engine printed (its worker's memory summary), which sized the pool from another profile run
+# vLLM's sampler says so when it samples with FlashInfer's sort-free top-k/top-p kernel (v1/sample/ops/topk_topp_sampler.py)
+FLASHINFER_SAMPLER = "Using FlashInfer for top-p & top-k sampling"
 V0_MARKERS = ("the rest of the memory reserved for KV Cache", "Memory profiling results: total_gpu_memory=")
 _VERSION = re.compile(r"(?:LLM engine \(v|API server version\s+v?)(\d+\.\d+[\w.+-]*)")
 _NON_DEFAULT = re.compile(r"non-default args:\s*(\{.*\})")
@@ -81,6 +84,8 @@ def parse_settings(text: str) -> dict[str, Any]:
         if key not in out and match:
             word = match.group(1)
             out[key] = word == "True" if key == "enforce_eager" else word
+    if FLASHINFER_SAMPLER in text:
+        out["sampler"] = "flashinfer"
     if "gpu_memory_utilization" not in out:
         printed = [match.group(1) for pattern in _UTILIZATION for match in pattern.finditer(text)]
         if printed:  # the most digits: vLLM rounds the figure in some lines
@@ -115,6 +120,8 @@ def vllm_log_record(breakdown: dict[str, Any], settings: dict[str, Any], *, mode
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         if settings.get(key) is not None:
             options[key] = int(settings[key])
+    if settings.get("sampler"):
+        options["sampler"] = settings["sampler"]
     config = {"model": model, "quant": quant, "engine": "vllm", "device": device, "weights": "imported",
               "device_count": 1, "context": int(settings["max_model_len"]), "batch": 1,
               "kv_dtype": "bf16" if kv_dtype == "auto" else resolve_kv_dtype(kv_dtype, "vllm").id,

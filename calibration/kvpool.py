@@ -108,6 +108,7 @@ def _gpu_check(record: dict[str, Any], coefficients: Any) -> dict[str, Any]:
                         context=int(config["context"]), prompt_tokens=min(64, int(config["context"])),
                         gpu_memory_utilization=float(options["gpu_memory_utilization"]),
                         enforce_eager=bool(options.get("enforce_eager", False)),
+                        flashinfer_sampler=options.get("sampler") == "flashinfer",
                         max_num_seqs=options.get("max_num_seqs"),
                         max_num_batched_tokens=options.get("max_num_batched_tokens"),
                         # predicted as the log's version sizes its pool where an era covers it, else the newest

@@ -69,6 +69,7 @@ class Device:
     memory_node_gib: float | None = None  # a host CPU: the memory of the NUMA node its first CPU is on (vLLM's base)
     compute_units: int | None = None  # streaming multiprocessors (NVIDIA), compute units (AMD), Xe-cores (Intel)
     boost_clock_mhz: float | None = None  # the clock those units run at, boost
+    cuda_total_gib: float | None = None  # the total the CUDA driver reports (vLLM's base), where a log states it
 
     @property
     def bytes_per_unit_cycle(self) -> float | None:
@@ -127,6 +128,7 @@ def _device_from_record(record: dict) -> Device:
         sources=dict(record["sources"]), notes=dict(record.get("notes", {})),
         fp16_acc16_tflops=_optional_float(record.get("fp16_acc16_tflops")),
         compute_units=record.get("compute_units"), boost_clock_mhz=_optional_float(record.get("boost_clock_mhz")),
+        cuda_total_gib=_optional_float(record.get("cuda_total_gib")),
     )
     problems = _record_problems(device)
     if problems:
@@ -158,6 +160,11 @@ def _record_problems(device: Device) -> list[str]:
     for name in ("bandwidth_gbs", "fp16_tflops"):
         if getattr(device, name) is None and name not in device.notes:
             problems.append(f"{name} is null without a note saying why")
+    if device.cuda_total_gib is not None:
+        if not 0 < device.cuda_total_gib <= device.memory_gib:
+            problems.append("cuda_total_gib must be positive and at most memory_gib")
+        if "cuda_total_gib" not in device.sources:
+            problems.append("cuda_total_gib has no source")
     if device.fp16_acc16_tflops is not None:
         if device.fp16_acc16_tflops <= 0 or device.fp16_tflops is None or device.fp16_acc16_tflops < device.fp16_tflops:
             problems.append("fp16_acc16_tflops must be positive and at least fp16_tflops")

@@ -69,6 +69,7 @@ def evaluate(
     host_bandwidth_gbs=DEFAULT_HOST_BANDWIDTH_GBS,
     host_memory_gib=DEFAULT_HOST_MEMORY_GIB,
     enforce_eager=False,
+    flashinfer_sampler=False,
     max_batched_tokens=mem.VLLM_MAX_BATCHED_TOKENS,
     max_num_seqs=mem.VLLM_MAX_NUM_SEQS,
     cpu_repack=0.0,
@@ -84,7 +85,10 @@ def evaluate(
 
     ``kind`` is the device kind ("gpu", "unified", "cpu"); ``offload_fraction`` is the share of the
     repeating layers kept in host memory (llama.cpp layers; vLLM cpu_offload_gb). ``enforce_eager``
-    (vLLM) drops the CUDA-graph pool; there are no CUDA graphs on a CPU device either.
+    (vLLM) drops the CUDA-graph pool; there are no CUDA graphs on a CPU device either. ``flashinfer_sampler``
+    (vLLM on a GPU): the sampler was FlashInfer's top-k/top-p kernel (the log's "Using FlashInfer for top-p & top-k
+    sampling"), which samples without sorting the logits, so the profile run holds none of the sort's buffers
+    (``vllm_sampler_copies``), only the logits.
     On a CPU device, llama.cpp multiplies its layer matrices on three paths (``predictor.weights.cpu_kernel_mix``,
     per quant): ``cpu_repack`` is the share of their bytes it repacks (an extra copy in memory), and
     ``cpu_repack_weights`` (default: the same share) of their weights; ``cpu_float_weights`` the share in
@@ -129,7 +133,8 @@ def evaluate(
     dev_kv = kv_total * (1.0 - kv_host_share)
     eager = np.logical_or(np.asarray(enforce_eager, bool), kind == "cpu")
     # vLLM's batch budget (its profile run's size) and, on a GPU, its sampler's warm-up buffers
-    budget = (max_batched_tokens, max_num_seqs, np.where(on_gpu, coeffs["vllm_sampler_copies"], 0.0))
+    sorts = np.logical_and(on_gpu, np.logical_not(np.asarray(flashinfer_sampler, bool)))
+    budget = (max_batched_tokens, max_num_seqs, np.where(sorts, coeffs["vllm_sampler_copies"], 0.0))
     runtime = mem.runtime_bytes(arch, engine, coeffs, context, n_ubatch, flash_attn, batch, eager, *budget) * n_dev
     total = resident_w + dev_kv + runtime
     usable = mem.usable_device_bytes(memory_gib, usable_gib, kind, coeffs["reserve_gib"]) * n_dev

@@ -48,7 +48,8 @@ _UNPACK = 'not fitted engine-wide: prefill on a unified-memory GPU is taken as p
 _SAMPLER = ("tests/data/vllm/llm-d/: vLLM's logged peak activation on an H100 at its default 1,024 sequences "
             "(llm-d's summaries: Qwen3-0.6B 5.56 GiB, Llama-3.1-8B 4.76, Qwen3-32B 5.64) less the analytical forward "
             "pass of 8,192 tokens, over one f32 logits buffer (1,024 x vocabulary x 4 bytes): 9.3, 8.3 and 7.8 buffers, "
-            "the median 8.3 less the logits themselves")
+            "the median 8.3 less the logits themselves; none with FlashInfer's sort-free sampler, which the A100 80GB "
+            "logs of tests/data/imported/vllm-logs/ name")
 _VISIBLE = ("tests/data/imported/vllm-logs/ and tests/data/vllm/llm-d/: the total vLLM logged over the catalogue's "
             "memory: T4 14.74 / 15 GiB, "
             "RTX 3090 23.58 / 24, H100 SXM 79.18 / 79.65 (0.983, 0.983, 0.994); the median")

@@ -59,6 +59,7 @@ class Scenario:
     host_bandwidth_gbs: float | None = None
     host_memory_gib: float | None = None
     enforce_eager: bool = False
+    flashinfer_sampler: bool = False  # vLLM on a GPU: FlashInfer's sort-free top-k/top-p sampler (see evaluate)
     gpu_memory_utilization: float | None = None
     weights_bytes: float | None = None  # the weights' tensor bytes when known (a measured file); None: sized
     max_num_seqs: int | None = None  # vLLM: the most sequences a batch holds (None: its default on the device)
@@ -95,6 +96,7 @@ class Scenario:
             host_bandwidth_gbs=(host or {}).get("bandwidth_gbs"),
             host_memory_gib=(host or {}).get("memory_gib"),
             enforce_eager=bool(options.get("enforce_eager", False)),
+            flashinfer_sampler=options.get("sampler") == "flashinfer",
         )
 
 
@@ -201,6 +203,7 @@ def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | No
         "host_bandwidth_gbs": host_bw,
         "host_memory_gib": s.host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
         "enforce_eager": s.enforce_eager,
+        "flashinfer_sampler": s.flashinfer_sampler,
         "max_batched_tokens": s.max_num_batched_tokens or batch_defaults[0],
         "max_num_seqs": s.max_num_seqs or batch_defaults[1],
         **kernel_kwargs(arch, q.id),

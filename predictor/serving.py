@@ -5,7 +5,8 @@ vLLM's GPU worker profiles one forward pass, then gives the KV cache what is lef
     kv_pool = gpu_memory_utilization x device total - (weights + non-torch + activation peak + CUDA graphs)
 
 (``vllm/v1/worker/gpu_worker.py``, ``determine_available_memory``: "Available KV cache memory"; 0.32.0). The
-device total is what the CUDA driver reports, a little under the catalogue's memory (``vllm_visible_memory_share``);
+device total is what the CUDA driver reports: the catalogue's ``cuda_total_gib`` where a log states it, else a little
+under the catalogue's memory (``vllm_visible_memory_share``);
 the memory the worker held before it loaded the model (the CUDA context, ``runtime_fixed_gib``) is not taken from
 the pool. The predictor's memory model gives each other term per device (the weights on the device and, in
 ``runtime_bytes``, ``vllm_non_torch_gib``, ``vllm_graph_gib`` and the profile run's activations with its sampler's
@@ -53,14 +54,17 @@ def kv_pool(est: Any, gpu_memory_utilization: float = mem.VLLM_GPU_MEMORY_UTILIZ
         graphs_counted = kv_pool_counts_cuda_graphs(est.engine, build)
         if not graphs_counted and not enforce_eager:  # captured after the pool was sized, outside the budget
             per_device_runtime -= float(est.coefficients["vllm_graph_gib"]) * GIB
+        # the total CUDA reports: the catalogue's where a log states it, else the share of the memory the logs show
+        total = est.device.cuda_total_gib
         share = float(est.coefficients["vllm_visible_memory_share"])
-        requested = gpu_memory_utilization * share * est.device.memory_gib * GIB
+        visible = f"{total:g} GiB (the total CUDA reports)" if total else f"{share:g} x {est.device.memory_gib:g} GiB"
+        requested = gpu_memory_utilization * (total or share * est.device.memory_gib) * GIB
         pool = max(requested - per_device_weights - per_device_runtime, 0.0)
         block = traits(est.engine).kv_block_tokens
         counted = ("non-torch, CUDA graphs, profile-run activations and sampler buffers" if graphs_counted else
                    f"non-torch, profile-run activations and sampler buffers; vLLM {build} captured its CUDA graphs "
                    "after sizing the pool, 0.21 on counts them")
-        formula = (f"{gpu_memory_utilization:g} x {share:g} x {est.device.memory_gib:g} GiB - weights "
+        formula = (f"{gpu_memory_utilization:g} x {visible} - weights "
                    f"{per_device_weights / GIB:.2f} GiB - runtime {per_device_runtime / GIB:.2f} GiB ({counted}) "
                    "per device")
     # KV bytes one sequence of the asked context takes on each device (sliding windows capped, blocks rounded)

@@ -89,6 +89,39 @@ def test_a_version_before_0_21_leaves_the_cuda_graphs_out_of_the_pool():
     assert len(v019) == 1 and abs(v019[0]["error"]) <= 0.05
 
 
+def test_flashinfers_sampler_keeps_no_sort_buffers_in_the_pool():
+    from predictor.estimate import predict_scenario
+    from predictor.scenario import Scenario
+
+    for name in ("a100-80gb-qwen2-7b-util0.25-dennislee22.log", "a100-80gb-qwen2-7b-util0.5-dennislee22.log"):
+        assert parse_settings((LOGS / name).read_text())["sampler"] == "flashinfer"
+    assert "sampler" not in parse_settings((LOGS / "l40s-qwen3-14b-awq-v0.29.0-tuned-samilazrak.log").read_text())
+    base = Scenario(model="qwen2.5-7b", device="a100-sxm-80gb", engine="vllm", quant="BF16", context=16384,
+                    prompt_tokens=64, gpu_memory_utilization=0.25, engine_build="0.10.1")
+    sorting = predict_scenario(base, None, launch=False)
+    flashinfer = predict_scenario(base.replace(flashinfer_sampler=True), None, launch=False)
+    buffers = sorting.coefficients["vllm_sampler_copies"] * 256 * sorting.model.vocab_size * 4 / GIB
+    assert flashinfer.serving["kv_pool_gib"] == pytest.approx(sorting.serving["kv_pool_gib"] + buffers, abs=0.002)
+    checks = gpu_kv_pool_checks([Path(__file__).parent.parent / "runs" / "imported"], None)
+    logged = {c["logged_gib"]: c for c in checks if c["device"] == "a100-sxm-80gb"}
+    assert set(logged) == {5.01, 24.83} and all(abs(c["error"]) <= 0.05 for c in logged.values())
+
+
+def test_a_device_with_a_logged_cuda_total_sizes_the_pool_from_it():
+    from predictor.estimate import predict_scenario
+    from predictor.scenario import Scenario
+
+    s = Scenario(model="llama-3.3-70b", device="h100-sxm", engine="vllm", quant="FP8", kv_dtype="fp8", context=32000,
+                 prompt_tokens=64, gpu_memory_utilization=0.95, max_num_seqs=8, max_num_batched_tokens=8192)
+    est = predict_scenario(s, None, launch=False)
+    assert "0.95 x 79.18 GiB (the total CUDA reports)" in est.serving["formula"]
+    (check,) = [c for c in gpu_kv_pool_checks([Path(__file__).parent.parent / "runs" / "imported"], None)
+                if c["device"] == "h100-sxm"]
+    assert abs(check["error"]) <= 0.05  # aihpi's 5.11 GiB; with the median share of the memory it read -11.8%
+    assert gpu_pool_summary(gpu_kv_pool_checks([Path(__file__).parent.parent / "runs" / "imported"], None))[
+        "within_5_percent"] >= 9
+
+
 def test_a_log_without_a_pool_or_a_setting_is_refused_in_one_line(tmp_path, capsys):
     empty = tmp_path / "empty.log"
     empty.write_text("INFO starting\n")
@@ -137,6 +170,9 @@ def test_the_sampler_and_device_total_defaults_are_what_the_shipped_logs_say():
                         ("rtx-3090-llama-3.1-8b-v0-maxlen20k-issue10517.log", "rtx-3090")):
         total = parse_memory_breakdown((LOGS / log).read_text())["device_total_bytes"]
         shares.append(total / GIB / resolve_device(device).memory_gib)
+        assert resolve_device(device).cuda_total_gib == pytest.approx(total / GIB, abs=0.005)  # the catalogue's
     llmd = (LLMD / "h100-qwen3-0.6b-bf16-llmd-summary.md").read_text()
-    shares.append(float(re.search(r"\(([\d.]+) GiB total memory\)", llmd).group(1)) / resolve_device("h100-sxm").memory_gib)
+    h100 = float(re.search(r"\(([\d.]+) GiB total memory\)", llmd).group(1))
+    assert resolve_device("h100-sxm").cuda_total_gib == h100
+    shares.append(h100 / resolve_device("h100-sxm").memory_gib)
     assert ENGINE_DEFAULTS["vllm"]["vllm_visible_memory_share"][0] == pytest.approx(statistics.median(shares), abs=0.001)

@@ -30,7 +30,8 @@ def test_the_kv_pool_is_what_vllms_share_of_the_device_leaves():
     assert s["gpu_memory_utilization"] == DEFAULT_GPU_MEMORY_UTILIZATION == 0.92  # vllm serve's default (0.32.0)
     c = est.coefficients
     profiled = est.values["runtime_bytes"] - c["runtime_fixed_gib"] * GIB  # the context predates the profile run
-    total = c["vllm_visible_memory_share"] * est.device.memory_gib * GIB  # what the driver reports
+    total = est.device.cuda_total_gib * GIB  # what the driver reports: 79.18 GiB in llm-d's H100 logs
+    assert c["vllm_visible_memory_share"] * est.device.memory_gib < est.device.cuda_total_gib  # the fallback
     expected = 0.92 * total - est.values["weights_bytes"] - profiled
     assert s["kv_pool_gib"] == pytest.approx(expected / GIB, abs=1e-3)
     per_token = float(mem.kv_cache_bytes(est.model, 8192, 1, 2.0, "vllm")) / 8192  # 128 KiB: 32 x 8 x 128 x 2 x 2
