@@ -102,3 +102,14 @@ def test_vllm_server_batches_concurrent_requests(cache, tmp_path):
         assert level["server_metrics"]["generation_tokens"] == 32 and level["server_metrics"]["prompt_tokens"] == 128
     assert record["config"]["batch"] == 4  # max_num_seqs: the most sequences in flight
     assert _closed(record["measurements"]["serving"]["port"])
+    # the engine's threads sleep at their barriers: the front-end and the client share the host's cores
+    assert record["provenance"]["server_env"] == {"OMP_WAIT_POLICY": "PASSIVE", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+
+
+def test_the_vllm_server_on_a_cpu_waits_passively_unless_told_otherwise():
+    from harness.engines.vllm.server import VllmServer
+
+    cpu = {"model": "qwen2.5-0.5b", "engine": "vllm", "device": "cpu", "engine_options": {"threads": 2}}
+    assert VllmServer().environment(cpu, {})["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert VllmServer().environment(cpu, {"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert "OMP_WAIT_POLICY" not in VllmServer().environment({**cpu, "device": "h100-sxm"}, {})

@@ -26,6 +26,8 @@ from harness.serving.server import ServerFailed, ServerProcess, free_port, read_
 from predictor.errors import BenchcalError
 
 METRICS_INTERVAL_S = 0.5
+# the server's environment variables a record keeps (how its threads were placed and waited; never a secret)
+SERVER_ENV = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES")
 
 
 class _MetricsWatch:
@@ -126,8 +128,10 @@ def run_serving(
     startup_s = None
     rng_seed = seed if seed is not None else time.time_ns() % 2**32
     started = time.perf_counter()
+    env = server.environment(cfg, os.environ)
+    provenance["server_env"] = {key: env[key] for key in SERVER_ENV if key in env}
     process = ServerProcess(server.command(cfg, weights_path, port), log_path, port=port,
-                            ready_path=server.ready_path, env=server.environment(cfg, os.environ),
+                            ready_path=server.ready_path, env=env,
                             startup_timeout_s=float(cfg.get("timeout_s") or 900.0), device_index=index)
     previous_term = install_sigterm()  # SIGTERM ends the run like Ctrl-C: the server stopped, the record written
     try:
