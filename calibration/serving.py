@@ -160,7 +160,7 @@ def imported_level(path: Path, record: Mapping[str, Any], coefficients: Any = "d
         "output_tokens": output, "imported": True, "replicas": replicas,
         "measured": {"ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": _median(serve.get("e2el_ms")),
                      "output_tok_s": float(serve["output_throughput"]) / replicas}}
-    if concurrency and (rate is None or math.isinf(rate)):
+    if concurrency and (rate is None or math.isinf(rate)):  # a closed loop (vLLM writes rate inf beside it)
         entry["concurrency"] = max(round(int(concurrency) / replicas), 1)
         entry["times"] = step_times(scenario, entry["concurrency"], output, coefficients, max_num_seqs)
         return entry
@@ -242,9 +242,10 @@ def fit_rates(levels: list[Mapping[str, Any]]) -> dict[str, float]:
                     out.append(predicted[target]["p50"] / measured - 1.0)
         return np.asarray(out)
 
-    x0 = np.asarray([OVERHEADS[p] for p in free], float)
-    if not len(residuals(x0)):
+    if not any(level["measured"].get(t) and np.isfinite(level["measured"][t]) and level["measured"][t] > 0
+               for level in levels for t in TARGETS):
         return dict(OVERHEADS)
+    x0 = np.asarray([OVERHEADS[p] for p in free], float)
     result = least_squares(residuals, x0, bounds=(np.zeros(len(free)), np.full(len(free), np.inf)),
                            diff_step=1e-3, x_scale=np.asarray([1.0 if p == "prefill_scale" else 10.0 for p in free]))
     return values(result.x)
@@ -314,7 +315,7 @@ def _fit_on_rates(group: list[Mapping[str, Any]]) -> dict[str, Any]:
             held_out += [_rate_check(lv, terms) for lv in group if lv["request_rate"] == load]
     return {**{k: round(v, 4) for k, v in fit.items()}, "levels": len(group),
             "runs": sorted({lv["run"] for lv in group}), "models": sorted({lv["model"] for lv in group}),
-            "concurrency": [], "request_rates_fitted": [None if math.isinf(r) else r for r in loads],
+            "concurrency": [], "request_rates_fitted": loads,
             "mode": group[0]["mode"], "in_sample": [], "held_out": [],
             "request_rates": [_rate_check(lv, fit) for lv in group], "request_rates_held_out": held_out,
             "source": f"fitted from {len(group)} request-rate level(s) of {len(group)} imported result(s)"
@@ -324,8 +325,7 @@ def _fit_on_rates(group: list[Mapping[str, Any]]) -> dict[str, Any]:
 
 def _rate_check(level: Mapping[str, Any], fit: Mapping[str, float]) -> dict[str, Any]:
     """A request-rate level against the fit's prediction: the same number of Poisson arrivals from the same seed as
-    the load generator drew (all counted: the level starts at an idle server); an infinite rate, every request at
-    once (``request_rate`` None, ``all_at_once``)."""
+    the load generator drew (all counted: the level starts at an idle server)."""
     predicted = _rate_predicted(level, fit)
     measured = level["measured"]
 
@@ -335,17 +335,14 @@ def _rate_check(level: Mapping[str, Any], fit: Mapping[str, float]) -> dict[str,
 
     ttft = (predicted["ttft_ms"] or {}).get("p50")
     tpot = (predicted["tpot_ms"] or {}).get("p50")
-    rate = level["request_rate"]
-    return {"run": level["run"], "request_rate": None if math.isinf(rate) else rate,
-            "all_at_once": math.isinf(rate), "requests": level["requests"], "saturated": predicted["saturated"],
+    return {"run": level["run"], "request_rate": level["request_rate"], "requests": level["requests"],
+            "saturated": predicted["saturated"],
             "output_tok_s": pair(predicted["output_tok_s"], measured["output_tok_s"]),
             "ttft_p50_ms": pair(ttft, measured["ttft_ms"]),
             "tpot_p50_ms": pair(tpot, measured["tpot_ms"])}
 
 
 def _rate_text(check: Mapping[str, Any]) -> str:
-    if check.get("all_at_once"):
-        return f"{check['requests']} requests at once"
     return f"{check['request_rate']:g} requests/s ({check['requests']} Poisson arrivals)"
 
 

@@ -86,7 +86,7 @@ def _serving(dirs: list[str], table: dict) -> dict:
             what = "each request rate" if rated else "highest concurrency"
             worst = (f"; held-out {what}: output tok/s {max(abs(c['output_tok_s']['error']) for c in held):.1%}"
                      f", TTFT p50 {max(abs(c['ttft_p50_ms']['error'] or 0) for c in held):.1%} worst") if held else ""
-            load = (f"request rates {['all at once' if r is None else r for r in fit['request_rates_fitted']]}"
+            load = (f"request rates {fit['request_rates_fitted']}"
                     if rated else f"concurrency {fit['concurrency']}")
             print(f"serving {engine} on {device}: {fit['source']} ({load}){worst}")
     return fits

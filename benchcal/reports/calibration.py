@@ -150,7 +150,6 @@ def add_serving_section(rep: Report, runs_dirs, table: Coefficients, charts: boo
                                   ("held out", fit.get("request_rates_held_out", []))):
                 for c in checks:
                     load = (f"concurrency {c['concurrency']}" if "concurrency" in c
-                            else f"{c['requests']} requests at once" if c.get("all_at_once")
                             else f"{c['request_rate']:g} requests/s")
                     out, ttft = c["output_tok_s"], c["ttft_p50_ms"]
                     rows.append([engine, device, label, load, _round(out["measured"], 1), _round(out["predicted"], 1),
