@@ -368,7 +368,7 @@ def predict_scenario(
                             device=dev),
     )
     est.serving = kv_pool(est, s.gpu_memory_utilization or mem.VLLM_GPU_MEMORY_UTILIZATION,
-                          inputs.kwargs["max_num_seqs"], bool(s.enforce_eager))
+                          inputs.kwargs["max_num_seqs"], bool(s.enforce_eager), bool(s.flashinfer_sampler))
     if launch:
         est.launch = launch_commands(est, predict)
     return est

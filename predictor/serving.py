@@ -30,7 +30,8 @@ GIB = float(2**30)
 
 
 def kv_pool(est: Any, gpu_memory_utilization: float = mem.VLLM_GPU_MEMORY_UTILIZATION,
-            max_num_seqs: int | None = None, enforce_eager: bool = False) -> dict[str, Any] | None:
+            max_num_seqs: int | None = None, enforce_eager: bool = False,
+            flashinfer_sampler: bool = False) -> dict[str, Any] | None:
     """``{kv_pool_gib, kv_pool_tokens, max_concurrent_sequences, max_running_sequences, gpu_memory_utilization,
     max_num_seqs, formula}`` for a vLLM prediction on a GPU (``est``: a :class:`predictor.estimate.Estimate`), per
     device of a tensor-parallel group; None for another engine or device kind (llama.cpp sizes its cache by
@@ -38,7 +39,8 @@ def kv_pool(est: Any, gpu_memory_utilization: float = mem.VLLM_GPU_MEMORY_UTILIZ
     line); ``max_running_sequences`` also respects ``max_num_seqs`` (default: vLLM's on the device). For a version
     before 0.21 (``est.era["build"]``, :func:`predictor.eras.kv_pool_counts_cuda_graphs`) the CUDA graphs
     (``vllm_graph_gib``, none with ``enforce_eager``) are not taken from the pool: vLLM captured them after sizing
-    it."""
+    it. ``flashinfer_sampler``: the profile run warmed up FlashInfer's sort-free sampler (no sort buffers in the
+    runtime, which ``est`` was predicted with); ``sampler`` in the result names it on a GPU."""
     if not traits(est.engine).profiled_runtime or est.device.kind not in ("gpu", "cpu"):
         return None
     v = est.values
@@ -61,9 +63,12 @@ def kv_pool(est: Any, gpu_memory_utilization: float = mem.VLLM_GPU_MEMORY_UTILIZ
         requested = gpu_memory_utilization * (total or share * est.device.memory_gib) * GIB
         pool = max(requested - per_device_weights - per_device_runtime, 0.0)
         block = traits(est.engine).kv_block_tokens
-        counted = ("non-torch, CUDA graphs, profile-run activations and sampler buffers" if graphs_counted else
-                   f"non-torch, profile-run activations and sampler buffers; vLLM {build} captured its CUDA graphs "
+        sampler = ("FlashInfer's sampler, no sort buffers" if flashinfer_sampler
+                   else "the sampler's sort buffers")
+        counted = (f"non-torch, CUDA graphs, profile-run activations, {sampler}" if graphs_counted else
+                   f"non-torch, profile-run activations, {sampler}; vLLM {build} captured its CUDA graphs "
                    "after sizing the pool, 0.21 on counts them")
+        extra["sampler"] = "flashinfer" if flashinfer_sampler else "pytorch"
         formula = (f"{gpu_memory_utilization:g} x {visible} - weights "
                    f"{per_device_weights / GIB:.2f} GiB - runtime {per_device_runtime / GIB:.2f} GiB ({counted}) "
                    "per device")

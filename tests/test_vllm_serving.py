@@ -63,6 +63,27 @@ def test_serving_is_vllms_only_and_bad_utilization_is_refused(capsys, tmp_path):
     assert serving["gpu_memory_utilization"] == 0.8 and serving["max_concurrent_sequences"] > 0
 
 
+def test_predict_takes_the_sampler_the_profile_run_warms_up(capsys, tmp_path):
+    import json
+
+    pools = {}
+    for sampler in ("pytorch", "flashinfer"):
+        out = tmp_path / f"{sampler}.json"
+        assert main(["predict", "--engine", "vllm", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--quant", "BF16",
+                     "--format", "json", "--vllm-sampler", sampler, "--defaults", "--output", str(out)]) == 0
+        pools[sampler] = json.loads(out.read_text())["serving"]
+    assert pools["pytorch"]["sampler"] == "pytorch" and "sort buffers" in pools["pytorch"]["formula"]
+    assert pools["flashinfer"]["sampler"] == "flashinfer" and "no sort buffers" in pools["flashinfer"]["formula"]
+    # FlashInfer's kernel sorts nothing: the pool gains the sorting sampler's logits-sized buffers, max_num_seqs
+    # (1,024 on an H100) x the vocabulary x 4 bytes each
+    est = predict("llama-3.1-8b", "h100-sxm", "BF16", 8192, "vllm", coefficients=None, launch=False)
+    buffers = est.coefficients["vllm_sampler_copies"] * 1024 * est.model.vocab_size * 4 / GIB
+    assert pools["flashinfer"]["kv_pool_gib"] == pytest.approx(pools["pytorch"]["kv_pool_gib"] + buffers, abs=0.002)
+    with pytest.raises(SystemExit) as refused:
+        main(["predict", "--engine", "vllm", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--vllm-sampler", "topk"])
+    assert refused.value.code == 2 and "--vllm-sampler" in capsys.readouterr().err
+
+
 def test_on_a_cpu_the_pool_is_vllms_share_of_the_memory_node_less_what_its_worker_holds():
     import math
 

@@ -98,6 +98,7 @@ def scenario_from_args(args, dev: Device) -> Scenario:
         host_bandwidth_gbs=args.host_bw_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else None),
         host_memory_gib=args.host_mem_gib, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        flashinfer_sampler=getattr(args, "vllm_sampler", "pytorch") == "flashinfer",
     )
 
 
@@ -241,6 +242,10 @@ def register(sub) -> None:
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help="vLLM: tokens one step may "
                    "take (default vllm serve's on the device: 16384 from 160 GiB, 8192 from 70 GiB but an A100, other GPUs "
                    "2048; 8192 on a CPU): the profile run's activation peak grows with it")
+    p.add_argument("--vllm-sampler", choices=("pytorch", "flashinfer"), default="pytorch", help="vLLM on a GPU: the "
+                   "top-k/top-p sampler its profile run warms up: pytorch (default: vLLM's own, which sorts the logits "
+                   "and holds vllm_sampler_copies more logits-sized buffers) or flashinfer (FlashInfer's sort-free "
+                   "kernel, the log line 'Using FlashInfer for top-p & top-k sampling': no sort buffers)")
     p.add_argument("--concurrency", type=positive_int, default=None, help="also predict the server under this many "
                    "requests in flight (--prompt-token prompts, --output-tokens each): throughput, TTFT, TPOT")
     p.add_argument("--request-rate", type=positive_float, default=None, help="also predict the server under Poisson "
