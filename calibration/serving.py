@@ -187,14 +187,20 @@ def _unit(name: str) -> dict[str, float]:
     return {p: (1.0 if p == name else 0.0) for p in PARAMETERS}
 
 
+def _free_terms(levels: list[Mapping[str, Any]]) -> list[str]:
+    """The :data:`PARAMETERS` the levels can tell apart: a server that runs one request at a time has one sequence per
+    step, so its per-sequence overhead is its per-step one and stays 0."""
+    serial = all(level["mode"] == "serial" for level in levels)
+    return [p for p in PARAMETERS if not (serial and p == "seq_overhead_ms")]
+
+
 def fit_overheads(levels: list[Mapping[str, Any]]) -> dict[str, float]:
     """Non-negative :data:`PARAMETERS` minimizing the relative errors of the measured TTFT, TPOT and E2EL (p50).
     The figures are linear in them within a regime (``serving_figures``), so each column is a figure at a unit
     value. A server that runs one request at a time cannot tell a per-sequence from a per-step overhead (one
     sequence per step): there ``seq_overhead_ms`` stays 0."""
     zero = {p: 0.0 for p in PARAMETERS}
-    serial = all(level["mode"] == "serial" for level in levels)
-    free = [p for p in PARAMETERS if not (serial and p == "seq_overhead_ms")]
+    free = _free_terms(levels)
     rows, rhs = [], []
     for level in levels:
         base = _figures(level, zero)
@@ -226,8 +232,7 @@ def fit_rates(levels: list[Mapping[str, Any]]) -> dict[str, float]:
     """:data:`PARAMETERS` (non-negative) minimizing the relative errors of the measured TTFT, TPOT and E2EL (p50)
     of request-rate levels, each simulated (:func:`_rate_predicted`): the figures are not linear in the terms once
     requests queue, so the fit is nonlinear least squares from the neutral terms."""
-    serial = all(level["mode"] == "serial" for level in levels)
-    free = [p for p in PARAMETERS if not (serial and p == "seq_overhead_ms")]
+    free = _free_terms(levels)
 
     def values(x: np.ndarray) -> dict[str, float]:
         return {**{p: 0.0 for p in PARAMETERS}, **dict(zip(free, (float(v) for v in x), strict=True))}

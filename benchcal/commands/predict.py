@@ -98,7 +98,7 @@ def scenario_from_args(args, dev: Device) -> Scenario:
         host_bandwidth_gbs=args.host_bw_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else None),
         host_memory_gib=args.host_mem_gib, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        flashinfer_sampler=getattr(args, "vllm_sampler", "pytorch") == "flashinfer",
+        flashinfer_sampler=args.vllm_sampler == "flashinfer",
     )
 
 
