@@ -99,20 +99,13 @@ def gpu_kv_pool_checks(runs_dirs: Iterable[str | Path], coefficients: Any = "def
 
 def _gpu_check(record: dict[str, Any], coefficients: Any) -> dict[str, Any]:
     config, provenance = record["config"], record["provenance"]
-    options = config.get("engine_options") or {}
     version = provenance.get("engine_version")
     breakdown = (record.get("memory") or {}).get("engine_breakdown") or {}
     logged = float(breakdown["kv_bytes"]) / GIB
-    scenario = Scenario(model=str(config["model"]), device=str(config["device"]), engine="vllm",
-                        quant=str(config["quant"]), kv_dtype=str(config.get("kv_dtype") or "bf16"),
-                        context=int(config["context"]), prompt_tokens=min(64, int(config["context"])),
-                        gpu_memory_utilization=float(options["gpu_memory_utilization"]),
-                        enforce_eager=bool(options.get("enforce_eager", False)),
-                        flashinfer_sampler=options.get("sampler") == "flashinfer",
-                        max_num_seqs=options.get("max_num_seqs"),
-                        max_num_batched_tokens=options.get("max_num_batched_tokens"),
-                        # predicted as the log's version sizes its pool where an era covers it, else the newest
-                        engine_build=version if run_era("vllm", version) else None)
+    scenario = Scenario.from_config(config, prompt_tokens=min(64, int(config["context"]))).replace(
+        kv_dtype=str(config.get("kv_dtype") or "bf16"),
+        # predicted as the log's version sizes its pool where an era covers it, else the newest
+        engine_build=version if run_era("vllm", version) else None)
     est = predict_scenario(scenario, coefficients, launch=False)
     predicted = float(est.serving["kv_pool_gib"])
     engine_generation = provenance.get("vllm_engine") or "V1"

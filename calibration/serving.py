@@ -72,11 +72,9 @@ def serving_levels(runs_dirs: Iterable[str | Path], coefficients: Any = "default
             if not config.get("serve") or record.get("status") != "ok":
                 continue
             row = run_row(stored.path, record)
-            scenario = Scenario(
-                model=run_arch(str(row["model"]), str(row["arch_overrides"])), device=run_device(row),
-                engine=str(config["engine"]), quant=config.get("quant"), context=int(config["context"]),
-                prompt_tokens=int(serving["prompt_tokens"]), kv_dtype=config.get("kv_dtype"),
-                flash_attn=bool((config.get("engine_options") or {}).get("flash_attn", False)),
+            scenario = Scenario.from_config(
+                config, model=run_arch(str(row["model"]), str(row["arch_overrides"])), device=run_device(row),
+                prompt_tokens=int(serving["prompt_tokens"])).replace(
                 host_bandwidth_gbs=row["host_bandwidth_gbs"] if row["device"] != "cpu" else None)
             mode = serving_mode(config["engine"])
             max_num_seqs = config["serve"].get("max_num_seqs")

@@ -76,7 +76,8 @@ class Scenario:
 
         ``model`` / ``device``: resolved objects to use instead of the config's ids (the harness passes the
         architecture its engine lays out and the host CPU as a device); ``host``: the host's measured bandwidth
-        and memory; ``prompt_tokens``: the prompt to predict for (default: the config's longest).
+        and memory; ``prompt_tokens``: the prompt to predict for (default: the config's longest). vLLM's batch
+        limits and device share come from ``engine_options`` as ``vllm serve`` takes them.
         """
         options = config.get("engine_options") or {}
         prompts = list(config.get("prompt_tokens") or [])
@@ -97,6 +98,9 @@ class Scenario:
             host_memory_gib=(host or {}).get("memory_gib"),
             enforce_eager=bool(options.get("enforce_eager", False)),
             flashinfer_sampler=options.get("sampler") == "flashinfer",
+            gpu_memory_utilization=options.get("gpu_memory_utilization"),
+            max_num_seqs=options.get("max_num_seqs"),
+            max_num_batched_tokens=options.get("max_num_batched_tokens"),
         )
 
 

@@ -38,6 +38,21 @@ def test_from_config_reads_a_run_configuration_as_the_harness_stores_it():
     assert not Scenario.from_config({**config, "engine_options": {}}).flash_attn
 
 
+def test_from_config_reads_vllms_batch_limits_and_device_share_as_vllm_serve_takes_them():
+    # a vLLM run (or an imported vLLM log) keeps them in engine_options; the KV pool is sized from them
+    config = {"model": "llama-3.1-8b", "engine": "vllm", "device": "a100-sxm-40gb", "quant": "BF16", "context": 8192,
+              "engine_options": {"gpu_memory_utilization": 0.5, "max_num_seqs": 64, "max_num_batched_tokens": 8192,
+                                 "enforce_eager": True, "sampler": "flashinfer"}}
+    s = Scenario.from_config(config, prompt_tokens=64)
+    assert (s.gpu_memory_utilization, s.max_num_seqs, s.max_num_batched_tokens) == (0.5, 64, 8192)
+    assert s.enforce_eager and s.flashinfer_sampler
+    defaults = Scenario.from_config({**config, "engine_options": {}})
+    assert (defaults.gpu_memory_utilization, defaults.max_num_seqs, defaults.max_num_batched_tokens) == (None,) * 3
+    pools = [predict_scenario(x, None, launch=False).serving["kv_pool_gib"] for x in (s, s.replace(
+        gpu_memory_utilization=0.9))]
+    assert pools[1] > pools[0]
+
+
 def test_the_inputs_a_prediction_uses_are_the_inputs_the_calibration_fits_against():
     # calibration.features builds each run's scenario and asks scenario_inputs, as predict_scenario does
     from calibration.features import row_inputs
