@@ -37,6 +37,7 @@ class Era:
     label: str
     marked_by: str
     boundary_basis: str
+    cuda_quantized_prefill: str | None = None  # "cublas-fp16": quantized prefill through an FP16 copy and cuBLAS
 
     def contains(self, key: tuple[int, ...]) -> bool:
         return self.start <= key and (self.end is None or key < self.end)
@@ -72,7 +73,8 @@ def eras(engine: str) -> tuple[Era, ...]:
             start = _version_key(item["from_version"])
             end = _version_key(item["until_version"]) if item.get("until_version") else None
         out.append(Era(engine, str(item["id"]), start, end, str(item.get("label") or ""),
-                       str(item.get("marked_by") or ""), str(item.get("boundary_basis") or "")))
+                       str(item.get("marked_by") or ""), str(item.get("boundary_basis") or ""),
+                       (item.get("cuda_quantized_prefill") or {}).get("path")))
     return tuple(out)
 
 
@@ -85,6 +87,15 @@ def no_era_architectures(engine: str) -> frozenset[str]:
 def era_applies(engine: str, device: object) -> bool:
     """False for a catalogue device of an architecture :func:`no_era_architectures` lists; True otherwise."""
     return getattr(device, "architecture", None) not in no_era_architectures(engine)
+
+
+def cublas_dequant(engine: str, era: str | None, device: object) -> bool:
+    """True when ``engine``'s builds of ``era`` multiplied a prompt's quantized weights through an FP16 copy and
+    cuBLAS on ``device`` (the era's ``cuda_quantized_prefill`` path, on an NVIDIA GPU: every one the catalogue
+    lists has tensor cores): what an imported log of such a build says with ``CUDA_USE_TENSOR_CORES: yes``."""
+    found = era_by_id(engine, era) if era else None
+    return bool(found is not None and found.cuda_quantized_prefill == "cublas-fp16"
+                and getattr(device, "kind", None) == "gpu" and getattr(device, "vendor", None) == "nvidia")
 
 
 def era_terms(engine: str) -> tuple[str, ...]:
@@ -158,7 +169,8 @@ def era_description(engine: str, kind: str, era: str | None, build: str | int | 
                     cset: Any, overlay: bool = False, device: Any = None) -> dict[str, Any]:
     """Which engine build era a prediction used (``cset``: its CoefficientSet; ``overlay``: the table has era values
     for ``era`` on ``kind`` devices; ``device``: the catalogue device, whose architecture may take no era):
-    ``{id, label, build, applied, note}``."""
+    ``{id, label, build, applied, note}``, and ``quantized_prefill: "cublas-fp16"`` where the era's builds
+    multiplied a prompt's quantized weights through cuBLAS on the device (:func:`cublas_dequant`)."""
     found = era_by_id(engine, era) if era else None
     if era and overlay and device is not None and not era_applies(engine, device):
         note = (f"era {era} ({found.label if found else ''}): not applied to a {device.architecture} GPU, "
@@ -177,5 +189,10 @@ def era_description(engine: str, kind: str, era: str | None, build: str | int | 
         note = "none: the uncalibrated engine defaults describe no particular build"
     else:
         note = f"no era fitted for {engine} on {kind} devices; coefficients pooled over every build measured"
-    return {"id": era, "label": found.label if found else None, "build": None if build is None else str(build),
-            "applied": bool(cset.era), "note": note}
+    out = {"id": era, "label": found.label if found else None, "build": None if build is None else str(build),
+           "applied": bool(cset.era), "note": note}
+    if device is not None and cublas_dequant(engine, era, device):
+        out["quantized_prefill"] = "cublas-fp16"
+        out["note"] = (f"{note}; a prompt's quantized matmuls priced through an FP16 copy of the weights and cuBLAS, "
+                       "the era's CUDA path (PR #8075 replaced it with MMQ)")
+    return out

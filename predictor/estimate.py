@@ -18,7 +18,7 @@ from predictor.architecture import ModelArch
 from predictor.coefficients import Coefficients, default_coefficients, load_coefficients
 from predictor.devices import Device
 from predictor.engines import traits
-from predictor.eras import era_description, era_for_build
+from predictor.eras import cublas_dequant, era_description, era_for_build
 from predictor.launch import launch_commands
 from predictor.quants import normalize_engine
 from predictor.result import VERDICTS, Estimate
@@ -100,7 +100,8 @@ def evaluate(
     unpacks at ``decode_kquant_flops_per_weight`` operations per weight.
     ``cublas_dequant``: the run's llama.cpp CUDA build dequantized quantized weights to FP16 for cuBLAS in
     prefill (its log says ``CUDA_USE_TENSOR_CORES: yes``; builds before PR #8075, June 2024). Calibration sets
-    it from imported logs; predictions describe current builds and leave it False.
+    it from imported logs; a prediction sets it for a build of an era whose CUDA path it was
+    (:func:`predictor.eras.cublas_dequant`: ``predict --engine-build 2843`` on an NVIDIA GPU).
     """
     kind = np.asarray(kind)
     et = traits(engine)
@@ -342,8 +343,12 @@ def predict_scenario(
     inputs = scenario_inputs(s, arch, dev, eng)
     require_bits(inputs.quant, inputs.weights_bytes)
 
+    # a build of an era whose CUDA prefill dequantized quantized weights for cuBLAS is priced with that copy
+    through_cublas = cublas_dequant(eng, era, dev)
+
     def run(offload: float, **extra: Any) -> dict[str, Any]:
-        return evaluate(arch, eng, cset, **{**inputs.kwargs, "offload_fraction": offload}, **extra)
+        return evaluate(arch, eng, cset, **{**inputs.kwargs, "offload_fraction": offload,
+                                            "cublas_dequant": through_cublas}, **extra)
 
     values = run(s.offload_fraction)
     scalars = {k: float(np.asarray(val).reshape(-1)[0]) for k, val in values.items()}

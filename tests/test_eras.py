@@ -187,3 +187,28 @@ def test_the_shipped_table_starts_a_scope_of_one_eras_runs_from_that_eras_values
         if not scope[name]["identified"]:
             assert scope[name]["value"] == overlay[name]["value"]
     assert any(not scope[name]["identified"] for name in kept)
+
+
+def test_a_build_of_the_cublas_era_prices_quantized_prefill_as_the_fit_priced_its_runs():
+    # XiongjieDai's RTX 4090 run of Llama-3-8B Q4_K_M, build 2824: its log says CUDA_USE_TENSOR_CORES: yes, so the
+    # calibration prices its prompt's matmuls through an FP16 copy of the weights; predict --engine-build 2824 does too
+    from calibration.dataset import predict as predict_rows
+    from predictor.coefficients import default_coefficients
+
+    dataset = load_dataset([RUNS])
+    rows = dataset.blocks["prefill"].meta
+    i = int(np.flatnonzero(((rows["source_set"] == "llama3-gpu-benchmarks") & (rows["device_id"] == "rtx-4090")
+                            & (rows["quant"] == "Q4_K_M") & (rows["prompt_tokens"] == 512)).to_numpy())[0])
+    assert rows.iloc[i]["quantized_matmul"] == "cublas-fp16"
+    fitted = predict_rows(dataset, default_coefficients())["prefill"][i]
+    old = predict("llama-3-8b", "rtx-4090", "Q4_K_M", 512, prompt_tokens=512, flash_attn=False, engine_build=2824,
+                  launch=False)
+    assert old.values["prefill_s"] == pytest.approx(fitted, rel=1e-9)
+    assert old.era["quantized_prefill"] == "cublas-fp16" and "cuBLAS" in old.era["note"]
+    # NVIDIA GPUs alone took that path, and current builds (MMQ) make no copy
+    newest = predict("llama-3-8b", "rtx-4090", "Q4_K_M", 512, prompt_tokens=512, flash_attn=False, launch=False)
+    assert "quantized_prefill" not in newest.era
+    for device in ("rx-7900-xtx", "mac-studio-m2-ultra-192gb"):
+        other = predict("llama-3-8b", device, "Q4_K_M", 512, prompt_tokens=512, flash_attn=False, engine_build=2824,
+                        launch=False)
+        assert "quantized_prefill" not in other.era
