@@ -125,6 +125,7 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
         kv_dtype=str(row.get("kv_dtype") or "f16"), context=float(row["context"]), batch=float(row.get("batch") or 1),
         device_count=float(row.get("device_count") or 1), offload_fraction=float(row.get("offload_fraction") or 0.0),
         flash_attn=bool(row.get("flash_attn")), n_ubatch=float(row.get("n_ubatch") or 512),
+        prompt_depth=float(row["prompt_depth"]) if _finite(row.get("prompt_depth")) else 0.0,
         host_bandwidth_gbs=float(host_bw) if _finite(host_bw) else None,
         host_memory_gib=float(row["host_memory_gib"]) if _finite(row.get("host_memory_gib")) else None,
         weights_bytes=float(weights) if _finite(weights) and float(weights) > 0 else None,
@@ -139,7 +140,7 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
 
 ARRAY_INPUTS = ("memory_gib", "usable_gib", "bandwidth_gbs", "tflops", "bits_per_weight", "exact_weights_bytes",
                 "kv_bytes_per_element", "context", "batch", "device_count", "offload_fraction", "flash_attn",
-                "cpu_repack", "cpu_repack_weights", "cpu_float_weights", "cpu_q8_weights", "cpu_generic_bytes", "kquant_low_weights", "n_ubatch", "cublas_dequant", "host_bandwidth_gbs", "host_memory_gib")
+                "cpu_repack", "cpu_repack_weights", "cpu_float_weights", "cpu_q8_weights", "cpu_generic_bytes", "kquant_low_weights", "n_ubatch", "cublas_dequant", "host_bandwidth_gbs", "host_memory_gib", "prompt_depth")
 
 
 @dataclass

@@ -43,7 +43,7 @@ RUN_COLUMNS = (
 )
 
 DECODE_COLUMNS = ("decode_tok_s", "decode_step_s", "decode_context", "gen_tokens", "rel_std", "exclude_reason")
-PREFILL_COLUMNS = ("prompt_tokens", "prefill_tok_s", "prefill_s", "ttft_s", "rel_std", "exclude_reason")
+PREFILL_COLUMNS = ("prompt_tokens", "prompt_depth", "prefill_tok_s", "prefill_s", "ttft_s", "rel_std", "exclude_reason")
 MEMORY_COLUMNS = ("peak_memory_bytes", "peak_source", "engine_weights_bytes", "engine_kv_bytes", "engine_compute_bytes",
                   "engine_non_kv_bytes", "engine_node_total_bytes", "engine_kv_pool", "engine_memory_utilization",
                   "exclude_reason")
@@ -240,19 +240,17 @@ def prefill_rows(base: dict[str, Any], record: dict[str, Any]) -> list[dict[str,
         ttft_ms = _summary_value(point.get("ttft_ms"))
         if rate is None and ttft_ms is None:
             continue
-        depth = int(point.get("context_at_start") or 0)
-        reason = exclude_reason(base, "prefill")
-        if depth and not reason:
-            # The model describes a prompt processed from an empty cache (attention over n^2/2 positions).
-            reason = f"prompt processed after {depth} tokens already in the cache (llama-bench @ d{depth})"
         row = dict(base)
         row.update({
             "prompt_tokens": n,
+            # tokens already in the cache when the prompt was processed (llama-bench @ d<depth>), which its
+            # attention reads
+            "prompt_depth": int(point.get("context_at_start") or 0),
             "prefill_tok_s": rate,
             "prefill_s": n / rate if rate else None,
             "ttft_s": ttft_ms / 1000.0 if ttft_ms else None,
             "rel_std": _relative_stddev(point.get("prefill_tok_s") or point.get("ttft_ms")),
-            "exclude_reason": reason,
+            "exclude_reason": exclude_reason(base, "prefill"),
         })
         rows.append(row)
     return rows

@@ -62,6 +62,7 @@ def evaluate(
     context=4096,
     batch=1,
     prompt_tokens=DEFAULT_PROMPT_TOKENS,
+    prompt_depth=0.0,
     device_count=1,
     offload_fraction=0.0,
     flash_attn=True,
@@ -83,7 +84,8 @@ def evaluate(
 ) -> dict[str, np.ndarray]:
     """Evaluate the model over broadcastable arrays; returns arrays keyed by quantity (bytes, s).
 
-    ``kind`` is the device kind ("gpu", "unified", "cpu"); ``offload_fraction`` is the share of the
+    ``kind`` is the device kind ("gpu", "unified", "cpu"); ``prompt_depth`` the tokens already in the KV cache when
+    the prompt is processed (prefill only: its attention reads them); ``offload_fraction`` is the share of the
     repeating layers kept in host memory (llama.cpp layers; vLLM cpu_offload_gb). ``enforce_eager``
     (vLLM) drops the CUDA-graph pool; there are no CUDA graphs on a CPU device either. ``flashinfer_sampler``
     (vLLM on a GPU): the sampler was FlashInfer's top-k/top-p kernel (the log's "Using FlashInfer for top-p & top-k
@@ -150,7 +152,8 @@ def evaluate(
 
     # Throughput.
     tensor_parallel = et.tensor_parallel
-    ctx_now = np.minimum(_arr(prompt_tokens), _arr(context))
+    # decode follows the prompt: its context is the prompt and what was in the cache before it
+    ctx_now = np.minimum(_arr(prompt_tokens) + _arr(prompt_depth), _arr(context))
     # Weights streamed per step: the active layers and the LM head; the part on the host is read there.
     step_w = tp.decode_weight_bytes_per_step(arch, total_w, batch, bits_per_weight, bits_per_weight_non_expert)
     step_dev = (1.0 - frac) * (step_w - out_w) + np.where(out_on_device, out_w, 0.0)
@@ -194,6 +197,7 @@ def evaluate(
         arch,
         coeffs,
         prompt_tokens=prompt_tokens,
+        prompt_depth=prompt_depth,
         n_ubatch=n_ubatch,
         device_weight_bytes=dev_w,
         host_weight_bytes=np.where(on_gpu, host_w - host_embd, 0.0),
@@ -284,6 +288,7 @@ def predict(
     engine: str = "llama.cpp",
     *,
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+    prompt_depth: int = 0,
     batch: int = 1,
     kv_dtype: str | None = None,
     device_count: int = 1,
@@ -302,7 +307,7 @@ def predict(
     :class:`~predictor.scenario.Scenario` these arguments describe (see there for their meaning)."""
     scenario = Scenario(
         model=model, device=device, engine=engine, quant=quant, context=context, prompt_tokens=prompt_tokens,
-        batch=batch, kv_dtype=kv_dtype, flash_attn=flash_attn, n_ubatch=n_ubatch, offload_fraction=offload_fraction,
+        prompt_depth=prompt_depth, batch=batch, kv_dtype=kv_dtype, flash_attn=flash_attn, n_ubatch=n_ubatch, offload_fraction=offload_fraction,
         device_count=device_count, engine_build=engine_build, host_bandwidth_gbs=host_bandwidth_gbs,
         host_memory_gib=host_memory_gib, enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization)
     return predict_scenario(scenario, coefficients, launch=launch)
@@ -368,6 +373,7 @@ def predict_scenario(
         model=arch, device=dev, quant=q, engine=eng, context=int(context), batch=int(batch), kv_dtype=inputs.kv.id,
         device_count=int(device_count), prompt_tokens=int(prompt_tokens), offload_fraction=float(offload_fraction),
         flash_attn=bool(flash_attn), n_ubatch=int(n_ubatch), coefficients=cset, values=scalars,
+        prompt_depth=int(s.prompt_depth),
         weights_source=inputs.weights_source, host_bandwidth_gbs=host_bw, throughput_offload_fraction=throughput_offload,
         era=era_description(eng, dev.kind, era, engine_build, cset, overlay=bool(table.era_overlay(eng, era, dev.kind)),
                             device=dev),

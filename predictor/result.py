@@ -42,6 +42,7 @@ class Estimate:
     launch: dict[str, str] = field(default_factory=dict)
     era: dict[str, Any] = field(default_factory=dict)  # the engine build era used (see era_description)
     serving: dict[str, Any] | None = None  # vLLM on a GPU: its KV pool and concurrency (predictor.serving)
+    prompt_depth: int = 0  # tokens already in the KV cache when the prompt arrives
 
     @property
     def weights_bits_per_weight(self) -> float | None:
@@ -124,6 +125,7 @@ class Estimate:
                 "prefill_tok_s": _r(v["prefill_tok_s"], 1),
                 "ttft_ms": _r(v["ttft_s"] * 1000.0, 1),
                 "prompt_tokens": self.prompt_tokens,
+                "prompt_depth": self.prompt_depth,
                 "host_bandwidth_gbs": self.host_bandwidth_gbs,
                 "offload_fraction": round(self.throughput_offload_fraction, 4),
                 "cost_per_1m_output_usd": cost,

@@ -49,6 +49,7 @@ class Scenario:
     quant: str | None = None
     context: int = DEFAULT_CONTEXT
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+    prompt_depth: int = 0  # tokens already in the KV cache when the prompt arrives (a conversation's earlier turns)
     batch: int = 1
     kv_dtype: str | None = None
     flash_attn: bool = True
@@ -167,6 +168,10 @@ def validate_scenario(s: Scenario, arch: ModelArch, dev: Device, engine: str) ->
         if value is not None:
             positive(flag, value)
     non_negative("--offload", s.offload_fraction)
+    non_negative("--prompt-depth", s.prompt_depth)
+    if s.prompt_depth and s.prompt_depth + s.prompt_tokens > s.context:
+        raise BenchcalError(f"--prompt-depth {s.prompt_depth} + --prompt {s.prompt_tokens} tokens do not fit a context of "
+                            f"{s.context} (--ctx)")
     if s.gpu_memory_utilization is not None and not 0 < s.gpu_memory_utilization <= 1:
         raise BenchcalError(f"--gpu-memory-utilization is a fraction of the device in (0, 1], got {s.gpu_memory_utilization}")
     if s.offload_fraction > 1:
@@ -202,7 +207,8 @@ def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | No
         "bits_per_weight_non_expert": other_bits,
         "exact_weights_bytes": exact,
         "kv_bytes_per_element": kv.bytes_per_element,
-        "context": s.context, "batch": s.batch, "prompt_tokens": s.prompt_tokens, "device_count": s.device_count,
+        "context": s.context, "batch": s.batch, "prompt_tokens": s.prompt_tokens, "prompt_depth": s.prompt_depth,
+        "device_count": s.device_count,
         "offload_fraction": s.offload_fraction, "flash_attn": s.flash_attn, "n_ubatch": s.n_ubatch,
         "host_bandwidth_gbs": host_bw,
         "host_memory_gib": s.host_memory_gib or DEFAULT_HOST_MEMORY_GIB,

@@ -136,13 +136,26 @@ def prefill_matmul_flops(arch: ModelArch, prompt_tokens):
     return 2.0 * (arch.params_active - head) * np.asarray(prompt_tokens, float) + 2.0 * head
 
 
-def prefill_attention_flops(arch: ModelArch, prompt_tokens):
-    """FLOPs of causal attention over a prompt of n tokens: full layers ~ n^2/2, window layers ~ n*W."""
+def _positions_attended(end, window=None):
+    """Sum over the positions 0 .. end of the positions each attends to: end^2/2 under causal attention, and
+    with a sliding window of W positions min(p, W) each, so W x end - W^2/2 once end passes W."""
+    end = np.asarray(end, float)
+    if window is None:
+        return end * end / 2.0
+    w = float(window)
+    return np.where(end <= w, end * end / 2.0, w * end - w * w / 2.0)
+
+
+def prefill_attention_flops(arch: ModelArch, prompt_tokens, prompt_depth=0.0):
+    """FLOPs of causal attention over a prompt of n tokens processed after d tokens already in the cache
+    (``prompt_depth``: a conversation's earlier turns; llama-bench's ``-d``): each prompt token attends to the
+    positions before it, full layers ~ n x d + n^2/2 (n^2/2 from an empty cache), window layers at most W each."""
     n = np.asarray(prompt_tokens, float)
-    full = arch.attn_flops_per_position_full * n * n / 2.0
+    d = np.asarray(prompt_depth, float)
+    full = arch.attn_flops_per_position_full * (_positions_attended(d + n) - _positions_attended(d))
     if arch.attn_flops_per_position_window and arch.sliding_window:
-        w = np.minimum(n, float(arch.sliding_window))
-        window = arch.attn_flops_per_position_window * (n * w - w * w / 2.0)
+        w = arch.sliding_window
+        window = arch.attn_flops_per_position_window * (_positions_attended(d + n, w) - _positions_attended(d, w))
     else:
         window = 0.0
     return full + window
@@ -155,6 +168,7 @@ def prefill_seconds(
     prompt_tokens,
     n_ubatch,
     device_weight_bytes,
+    prompt_depth=0.0,
     host_weight_bytes,
     bandwidth_gbs,
     tflops,
@@ -167,7 +181,8 @@ def prefill_seconds(
     float_share=0.0,
     q8_weights=0.0,
 ):
-    """Time to process a prompt of ``prompt_tokens`` tokens, seconds.
+    """Time to process a prompt of ``prompt_tokens`` tokens, seconds, after ``prompt_depth`` tokens already in the
+    KV cache (0: from an empty cache), which its attention reads.
 
     Each ubatch streams the device weights once (bandwidth bound for short prompts) or is limited
     by matmul FLOPs (long prompts); host-resident layers are copied over PCIe per ubatch (llama.cpp
@@ -196,7 +211,7 @@ def prefill_seconds(
     t_mm = mm_flops * (1.0 - floats) / (coeffs["prefill_compute_efficiency"] * peak)
     if np.any(floats > 0):
         t_mm = t_mm + mm_flops * floats / (coeffs["prefill_f16_efficiency"] * peak)
-    attn_flops = prefill_attention_flops(arch, n)
+    attn_flops = prefill_attention_flops(arch, n, prompt_depth)
     # Without flash attention, llama.cpp writes the f32 scores to memory and reads them back for the
     # softmax and for V: that traffic, not the FLOPs, sets the pace. One score (4 bytes) per head and
     # query-key pair, which costs 4 x head_dim FLOPs (QK^T and AV): scores bytes = FLOPs / head_dim.

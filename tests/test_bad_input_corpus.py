@@ -61,6 +61,9 @@ for value in ("-0.5", "1.5", "nan", "abc"):
     case(f"predict --offload {value}", [*P, "--offload", value])
 case("predict --ctx above the model's maximum", [*P, "--ctx", "99999999"])
 case("predict --prompt above --ctx", [*P, "--ctx", "1024", "--prompt", "2048"])
+case("predict --prompt-depth + --prompt above --ctx", [*P, "--ctx", "4096", "--prompt", "512", "--prompt-depth", "4000"])
+for value in ("-1", "abc", "1.5"):
+    case(f"predict --prompt-depth {value}", [*P, "--prompt-depth", value])
 for name, argv in [
     ("unknown model", ["predict", "--model", "llama-9-9b", "--gpu", "rtx-4090"]),
     ("empty model", ["predict", "--model", "", "--gpu", "rtx-4090"]),

@@ -8,6 +8,7 @@ import pytest
 from predictor.coefficients import Coefficients
 from predictor.devices import cpu_device, load_devices, resolve_device
 from predictor.engines import ENGINES
+from predictor.errors import BenchcalError
 from predictor.estimate import GIB, predict
 from predictor.grid import sweep
 from predictor.models import resolve_model
@@ -373,3 +374,47 @@ def test_a_mixture_of_experts_layer_costs_its_own_fixed_time_per_decode_step():
         with_term = predict(arch, "rtx-4090", "Q4_K_M", 4096, "llama.cpp", coefficients=table(50.0), launch=False)
         step = float(with_term.values["decode_step_s"]) - float(without.values["decode_step_s"])
         assert step == pytest.approx(50e-6 * arch.num_moe_layers, rel=1e-6, abs=1e-12), arch.id
+
+
+def test_a_prompt_after_tokens_already_in_the_cache_attends_to_them_too():
+    # n tokens after d in the cache: each attends to the positions before it, n x d + n^2/2 in all; a sliding
+    # window's layers to at most W each
+    from predictor import throughput as tp
+    llama = resolve_model("llama-3.1-8b")
+    per_position = llama.attn_flops_per_position_full
+    assert float(tp.prefill_attention_flops(llama, 512)) == pytest.approx(per_position * 512 * 512 / 2)
+    assert float(tp.prefill_attention_flops(llama, 512, 0)) == float(tp.prefill_attention_flops(llama, 512))
+    assert float(tp.prefill_attention_flops(llama, 512, 32768)) == pytest.approx(
+        per_position * (512 * 32768 + 512 * 512 / 2))
+    gemma = resolve_model("gemma-3-4b")  # five of every six layers see the last 1,024 positions only
+    window = gemma.attn_flops_per_position_window * gemma.sliding_window * 512
+    deep = float(tp.prefill_attention_flops(gemma, 512, 65536)) - gemma.attn_flops_per_position_full * (
+        512 * 65536 + 512 * 512 / 2)
+    assert deep == pytest.approx(window)
+    # the prediction: a slower prompt, and decode after it at depth + prompt tokens of context
+    empty = predict("llama-3.1-8b", "rtx-4090", "Q4_K_M", 40960, prompt_tokens=512, coefficients=None, launch=False)
+    late = predict("llama-3.1-8b", "rtx-4090", "Q4_K_M", 40960, prompt_tokens=512, prompt_depth=32768,
+                   coefficients=None, launch=False)
+    assert late.values["ttft_s"] > empty.values["ttft_s"] and late.values["decode_tok_s"] < empty.values["decode_tok_s"]
+    assert late.to_dict()["throughput"]["decode_context"] == 33280 and late.to_dict()["throughput"]["prompt_depth"] == 32768
+    with pytest.raises(BenchcalError, match="do not fit a context"):
+        predict("llama-3.1-8b", "rtx-4090", "Q4_K_M", 4096, prompt_tokens=512, prompt_depth=4000, launch=False)
+
+
+def test_a_llama_bench_row_at_depth_is_fitted_as_predict_describes_it():
+    # the DGX Spark's Qwen2.5-7B pp2048 @ d16384 (llama.cpp's own benches): the calibration's prediction of the
+    # row is predict's for a 2048-token prompt after 16,384 cached tokens
+    from calibration.dataset import load_dataset
+    from calibration.dataset import predict as predict_rows
+    from predictor.coefficients import default_coefficients
+
+    dataset = load_dataset(["runs"])
+    rows = dataset.blocks["prefill"].meta
+    i = int(np.flatnonzero(((rows["device_id"] == "dgx-spark") & (rows["model_key"] == "qwen2.5-7b")
+                            & (rows["prompt_depth"] == 16384)).to_numpy())[0])
+    row = rows.iloc[i]
+    assert not isinstance(row["exclude_reason"], str)
+    est = predict("qwen2.5-7b", "dgx-spark", "Q8_0", int(row["context"]), prompt_tokens=2048, prompt_depth=16384,
+                  n_ubatch=int(row["n_ubatch"]), flash_attn=True, engine_build=int(str(row["engine_version"]).split()[2]),
+                  launch=False)
+    assert predict_rows(dataset, default_coefficients())["prefill"][i] == pytest.approx(est.values["prefill_s"], rel=0.02)

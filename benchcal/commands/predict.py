@@ -6,7 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from benchcal.argtypes import fraction, non_negative_float, output_file, positive_float, positive_int, share
+from benchcal.argtypes import (
+    fraction,
+    non_negative_float,
+    non_negative_int,
+    output_file,
+    positive_float,
+    positive_int,
+    share,
+)
 from benchcal.reports.predictions import (
     add_load_section,
     add_rate_section,
@@ -93,7 +101,8 @@ def scenario_from_args(args, dev: Device) -> Scenario:
     """The scenario ``benchcal predict``'s arguments describe, on the resolved device ``dev``."""
     return Scenario(
         model=resolve_model(args.model), device=dev, engine=args.engine, quant=args.quant, context=args.ctx,
-        prompt_tokens=args.prompt, batch=args.batch, kv_dtype=args.kv_dtype, flash_attn=not args.no_flash_attn,
+        prompt_tokens=args.prompt, prompt_depth=args.prompt_depth, batch=args.batch, kv_dtype=args.kv_dtype,
+        flash_attn=not args.no_flash_attn,
         n_ubatch=args.n_ubatch, offload_fraction=args.offload, device_count=args.gpus, engine_build=args.engine_build,
         host_bandwidth_gbs=args.host_bw_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else None),
         host_memory_gib=args.host_mem_gib, gpu_memory_utilization=args.gpu_memory_utilization,
@@ -221,6 +230,9 @@ def register(sub) -> None:
                        "--format json")
     _add_common(p)
     p.add_argument("--prompt", type=positive_int, default=None, help="prompt length for TTFT, tokens (default 4096, or the context when shorter)")
+    p.add_argument("--prompt-depth", type=non_negative_int, default=0, help="tokens already in the KV cache when the "
+                   "prompt arrives (a conversation's earlier turns; llama-bench's -d): its prefill attends to them too "
+                   "(default 0; depth + prompt must fit --ctx)")
     p.add_argument("--batch", type=positive_int, default=1, help="concurrent sequences (default 1)")
     p.add_argument("--kv-dtype", default=None, help="f16, bf16, q8_0, q4_0 (llama.cpp); bf16, fp8 (vLLM)")
     p.add_argument("--gpus", type=positive_int, default=1, help="number of devices (tensor parallel for vLLM, layer split "

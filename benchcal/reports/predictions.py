@@ -141,7 +141,9 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
         ["Decode (all sequences)", missing if thr["decode_tok_s_total"] is None
          else f"{thr['decode_tok_s_total']:.1f} tok/s"],
         ["Prefill", missing if thr["prefill_tok_s"] is None else f"{thr['prefill_tok_s']:.0f} tok/s"],
-        [f"TTFT ({thr['prompt_tokens']:,}-token prompt)", missing if thr["ttft_ms"] is None else f"{thr['ttft_ms']:.0f} ms"],
+        [f"TTFT ({thr['prompt_tokens']:,}-token prompt" + (f" after {thr['prompt_depth']:,} in the cache)"
+                                                           if thr.get("prompt_depth") else ")"),
+         missing if thr["ttft_ms"] is None else f"{thr['ttft_ms']:.0f} ms"],
         ["Cost per 1M output tokens", f"${cost:.2f} at ${g['cloud_usd_per_hour']}/h per GPU "
          f"({g['cloud_offer']['provider']}, {g['cloud_offer']['checked_at'] or 'undated'})" if cost else "— (no hourly price)"],
     ], ["Quantity", "Value"])
@@ -172,7 +174,7 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     # Context scaling.
     rows, xs, totals, decodes = [], [], [], []
     for ctx in contexts_for(est.model):
-        e = repredict(est, table, context=ctx, prompt_tokens=ctx)
+        e = repredict(est, table, context=ctx, prompt_tokens=ctx, prompt_depth=0)
         v = e.values
         rows.append([_ctx_label(ctx), _gib(v["kv_cache_bytes"]), _gib(v["total_bytes"]),
                      _rounded(v["decode_tok_s"], 1), _rounded(v["ttft_s"], 2), e.verdict])
@@ -191,11 +193,13 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
 
 def repredict(est: Estimate, table: Coefficients | None = None, **changes: Any) -> Estimate:
     """``est``'s configuration predicted again with ``changes`` (``quant``, ``context``, ``prompt_tokens``,
-    ``kv_dtype``, ``flash_attn``), every other input and the engine build as ``est`` had them; no launch commands."""
+    ``prompt_depth``, ``kv_dtype``, ``flash_attn``), every other input and the engine build as ``est`` had them; no
+    launch commands."""
     args = {"quant": est.quant.id, "context": est.context, "prompt_tokens": est.prompt_tokens,
-            "kv_dtype": est.kv_dtype, "flash_attn": est.flash_attn, **changes}
+            "prompt_depth": est.prompt_depth, "kv_dtype": est.kv_dtype, "flash_attn": est.flash_attn, **changes}
     return predict(est.model, est.device, args["quant"], args["context"], est.engine,
-                   prompt_tokens=args["prompt_tokens"], batch=est.batch, engine_build=est.era.get("build"),
+                   prompt_tokens=args["prompt_tokens"], prompt_depth=args["prompt_depth"], batch=est.batch,
+                   engine_build=est.era.get("build"),
                    kv_dtype=args["kv_dtype"], device_count=est.device_count, offload_fraction=est.offload_fraction,
                    flash_attn=args["flash_attn"], n_ubatch=est.n_ubatch, coefficients=table or "default",
                    host_bandwidth_gbs=est.host_bandwidth_gbs, launch=False)
