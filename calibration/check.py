@@ -5,7 +5,10 @@ Errors are grouped per (engine, device); a CPU's device is its host id (``cpu-<m
 p90 exceeds its threshold, or when its MAPE grew by more than the tolerance over the baseline; a run
 fails when its peak-memory error exceeds max(``memory_rel`` x measured, ``memory_abs_mib``). The vLLM KV pools
 logged on GPUs (imported logs, :func:`calibration.kvpool.gpu_kv_pool_checks`) fail when their median absolute error
-exceeds ``gpu_kv_pool_median`` or one exceeds ``gpu_kv_pool_max``.
+exceeds ``gpu_kv_pool_median`` or one exceeds ``gpu_kv_pool_max``. With ``held_out`` (``benchcal check --held-out``),
+the public results are also predicted with each source held out as a whole (the table refitted without it, as
+``benchcal calibrate``'s leave-one-source-out) and fail when their decode or prefill MAPE exceeds
+``held_out_decode_mape`` / ``held_out_prefill_mape``: accuracy where nobody measured, not only in-sample.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ else:  # pragma: no cover
 
 DEFAULT_THRESHOLDS = {"decode_mape": 0.10, "decode_p90": 0.20, "prefill_mape": 0.15, "ttft_mape": 0.15,
                       "memory_rel": 0.03, "memory_abs_mib": 256.0, "gpu_kv_pool_median": 0.10,
-                      "gpu_kv_pool_max": 0.40}
+                      "gpu_kv_pool_max": 0.40, "held_out_decode_mape": 0.10, "held_out_prefill_mape": 0.15}
 DEFAULT_TOLERANCE = {"mape_increase": 0.02}
 MIB = float(2**20)
 QUANTITIES = ("decode", "prefill", "ttft")
@@ -121,6 +124,7 @@ class CheckResult:
     failures: list[str]
     notes: list[str]
     gpu_kv_pool: dict[str, Any] | None = None  # summary of the GPU KV-pool checks, when there are logs
+    held_out: dict[str, Any] | None = None  # leave-one-source-out MAPE of the public results, when asked for
 
     @property
     def ok(self) -> bool:
@@ -129,11 +133,12 @@ class CheckResult:
 
 def run_check(dataset: Dataset, table: Coefficients, thresholds: Thresholds,
               baseline: dict[str, Any] | None = None, include_noisy: bool = False,
-              gpu_pools: list[dict[str, Any]] | None = None) -> CheckResult:
+              gpu_pools: list[dict[str, Any]] | None = None, held_out: bool = False) -> CheckResult:
     """Compare recomputed errors with thresholds and, when given, the baseline.
 
     ``include_noisy``: also score measurements whose repetitions spread more than 5% (left out by default).
     ``gpu_pools``: :func:`calibration.kvpool.gpu_kv_pool_checks` of the runs, gated as a whole.
+    ``held_out``: also gate the public results held out by source (:func:`held_out_gate`; a refit per source).
     """
     predictions = predict(dataset, table)
     metrics = group_metrics(dataset, predictions, include_noisy)
@@ -174,7 +179,27 @@ def run_check(dataset: Dataset, table: Coefficients, thresholds: Thresholds,
         if missing:
             notes.append(f"in the baseline but not measured now: {', '.join(missing)}")
     pools = _gpu_pool_gate(gpu_pools or [], thresholds, failures)
-    return CheckResult(metrics, failures, notes, pools)
+    return CheckResult(metrics, failures, notes, pools, held_out_gate(dataset, thresholds, failures) if held_out else None)
+
+
+def held_out_gate(dataset: Dataset, thresholds: Thresholds, failures: list[str]) -> dict[str, Any]:
+    """The imported public results predicted with each source held out (:func:`calibration.crossval.
+    leave_one_source_out`): ``{quantity: {mape, p90, n, limit}}`` for decode and prefill, a failure appended where the
+    MAPE exceeds ``held_out_<quantity>_mape``."""
+    from calibration.crossval import error_metrics, leave_one_source_out
+
+    imported = (error_metrics(dataset, leave_one_source_out(dataset)).get("origins") or {}).get("imported") or {}
+    out: dict[str, Any] = {}
+    for q in ("decode", "prefill"):
+        stats = imported.get(q) or {}
+        if not stats.get("n"):
+            continue
+        limit = thresholds.limits[f"held_out_{q}_mape"]
+        out[q] = {"mape": stats["mape"], "p90": stats["p90"], "n": stats["n"], "limit": limit}
+        if stats["mape"] > limit:
+            failures.append(f"public results held out by source, {q}: MAPE {100 * stats['mape']:.1f}% > "
+                            f"{100 * limit:.1f}% (n={stats['n']})")
+    return out
 
 
 def _gpu_pool_gate(checks: list[dict[str, Any]], thresholds: Thresholds, failures: list[str]) -> dict[str, Any] | None:
@@ -225,6 +250,9 @@ def summary_lines(result: CheckResult) -> list[str]:
             if stats:
                 parts.append(f"{q} {100 * stats['mape']:.1f}% (p90 {100 * stats['p90']:.1f}%, n={stats['n']})")
         lines.append(f"  {group}: " + "; ".join(parts))
+    for q, stats in (result.held_out or {}).items():
+        lines.append(f"  public results held out by source: {q} {100 * stats['mape']:.1f}% (p90 {100 * stats['p90']:.1f}%, "
+                     f"n={stats['n']}; limit {100 * stats['limit']:.0f}%)")
     pools = result.gpu_kv_pool
     if pools:
         lines.append(f"  vllm GPU KV pool (imported logs, none fitted): median |error| "

@@ -174,7 +174,8 @@ def cmd_check(args) -> int:
     from calibration.kvpool import gpu_kv_pool_checks
 
     result = run_check(dataset, table, thresholds, None if args.write_baseline else load_baseline(baseline_path),
-                       include_noisy=args.include_noisy, gpu_pools=gpu_kv_pool_checks(dirs, table))
+                       include_noisy=args.include_noisy, gpu_pools=gpu_kv_pool_checks(dirs, table),
+                       held_out=args.held_out)
     if args.write_baseline:
         if baseline_path is None:
             raise BenchcalError("--write-baseline needs a --baseline path")
@@ -287,7 +288,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("check", help="accuracy gate: exit 1 when an error exceeds its threshold or the baseline",
                        formatter_class=RAW, epilog="example:\n  benchcal check --runs-dir runs\n"
-                       "  benchcal check --runs-dir runs --write-baseline")
+                       "  benchcal check --runs-dir runs --held-out\n  benchcal check --runs-dir runs --write-baseline")
     p.add_argument("--runs-dir", action="append", default=None, help="directory of run records; repeat for several "
                    "(default: the shipped runs/)")
     p.add_argument("--coefficients", default=None, help="coefficients.json (default: calibration/coefficients.json)")
@@ -298,6 +299,9 @@ def register(sub) -> None:
     p.add_argument("--write-baseline", action="store_true", help="write the current errors as the new baseline")
     p.add_argument("--include-noisy", action="store_true", help="also score measurements whose repetitions "
                    "spread more than 5%% (left out by default)")
+    p.add_argument("--held-out", action="store_true", help="also predict the imported public results with each source "
+                   "held out (a refit per source, about a minute and a half) and fail above held_out_decode_mape / "
+                   "held_out_prefill_mape")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("import", help="import llama-bench, llama.cpp log, vLLM benchmark results or vLLM logs as run records",
