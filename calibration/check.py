@@ -179,7 +179,8 @@ def run_check(dataset: Dataset, table: Coefficients, thresholds: Thresholds,
         if missing:
             notes.append(f"in the baseline but not measured now: {', '.join(missing)}")
     pools = _gpu_pool_gate(gpu_pools or [], thresholds, failures)
-    return CheckResult(metrics, failures, notes, pools, held_out_gate(dataset, thresholds, failures) if held_out else None)
+    held = held_out_gate(dataset, thresholds, failures) if held_out else None
+    return CheckResult(metrics, failures, notes, pools, held)
 
 
 def held_out_gate(dataset: Dataset, thresholds: Thresholds, failures: list[str]) -> dict[str, Any]:

@@ -308,8 +308,8 @@ def predict(
     scenario = Scenario(
         model=model, device=device, engine=engine, quant=quant, context=context, prompt_tokens=prompt_tokens,
         prompt_depth=prompt_depth, batch=batch, kv_dtype=kv_dtype, flash_attn=flash_attn, n_ubatch=n_ubatch,
-        offload_fraction=offload_fraction, device_count=device_count, engine_build=engine_build, host_bandwidth_gbs=host_bandwidth_gbs,
-        host_memory_gib=host_memory_gib, enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization)
+        offload_fraction=offload_fraction, device_count=device_count, engine_build=engine_build,
+        host_bandwidth_gbs=host_bandwidth_gbs, host_memory_gib=host_memory_gib, enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization)
     return predict_scenario(scenario, coefficients, launch=launch)
 
 

@@ -168,7 +168,6 @@ def prefill_seconds(
     prompt_tokens,
     n_ubatch,
     device_weight_bytes,
-    prompt_depth=0.0,
     host_weight_bytes,
     bandwidth_gbs,
     tflops,
@@ -180,6 +179,7 @@ def prefill_seconds(
     generic_weights=0.0,
     float_share=0.0,
     q8_weights=0.0,
+    prompt_depth=0.0,
 ):
     """Time to process a prompt of ``prompt_tokens`` tokens, seconds, after ``prompt_depth`` tokens already in the
     KV cache (0: from an empty cache), which its attention reads.

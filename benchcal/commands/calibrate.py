@@ -300,7 +300,7 @@ def register(sub) -> None:
     p.add_argument("--include-noisy", action="store_true", help="also score measurements whose repetitions "
                    "spread more than 5%% (left out by default)")
     p.add_argument("--held-out", action="store_true", help="also predict the imported public results with each source "
-                   "held out (a refit per source, about a minute and a half) and fail above held_out_decode_mape / "
+                   "held out (a refit per source, about 20 s on 2 cores) and fail above held_out_decode_mape / "
                    "held_out_prefill_mape")
     p.set_defaults(func=cmd_check)
 
