@@ -5,7 +5,8 @@ For every level of every ok serving run, :mod:`predictor.load` gives the step ti
 from the calibrated analytical model, and its figures are linear in the server's terms (``prefill_scale``,
 ``step_overhead_ms``, ``seq_overhead_ms``, ``request_overhead_ms``). Per engine and device they are fitted,
 non-negative, by least squares on the relative
-errors of the measured TTFT, TPOT and end-to-end latency (p50) of every concurrency level. The held-out check refits
+errors of the measured TTFT, TPOT and end-to-end latency (p50) of every concurrency level (of a level run in
+rounds, the median of its rounds' own figures: :func:`level_figures`). The held-out check refits
 without each run's highest concurrency and predicts it: output tokens/s and TTFT p50 against what was measured.
 Request-rate levels (Poisson arrivals) are never fitted: each is predicted by :func:`predictor.load.rate_figures`
 from the fit, with the same arrivals the load generator drew (its ``arrival_seed``), and compared.
@@ -84,17 +85,16 @@ def serving_levels(runs_dirs: Iterable[str | Path], coefficients: Any = "default
                 entry = {"run": record["id"], "series": record["id"], "engine": config["engine"],
                          "device": row["device"], "device_id": scenario.device.id, "model": row["model_key"], "mode": mode,
                          "concurrency": None, "max_num_seqs": max_num_seqs,
-                         "output_tokens": int(serving["output_tokens"]),
-                         "measured": {"ttft_ms": level["ttft_ms"]["p50"], "tpot_ms": level["tpot_ms"]["p50"],
-                                      "e2el_ms": level["e2el_ms"]["p50"], "output_tok_s": level["output_tok_s"]}}
+                         "output_tokens": int(serving["output_tokens"]), "measured": level_figures(level)}
                 if level.get("concurrency") is not None:
                     entry["concurrency"] = int(level["concurrency"])
                     entry["times"] = step_times(scenario, level["concurrency"], serving["output_tokens"], coefficients,
                                                 max_num_seqs)
                 elif level.get("request_rate"):
-                    largest = 1 if mode == "serial" else min(int(max_num_seqs or DEFAULT_MAX_NUM_SEQS),
-                                                              int(level["requests"]))
-                    entry.update({"request_rate": float(level["request_rate"]), "requests": int(level["requests"]),
+                    # the arrivals drawn: the serve table's requests (each round of the level replays them)
+                    drawn = int(config["serve"].get("requests") or level["requests"])
+                    largest = 1 if mode == "serial" else min(int(max_num_seqs or DEFAULT_MAX_NUM_SEQS), drawn)
+                    entry.update({"request_rate": float(level["request_rate"]), "requests": drawn,
                                   "arrival_seed": level.get("arrival_seed"),
                                   "prompt_tokens": int(serving["prompt_tokens"]),
                                   "curve": step_curve(scenario, serving["output_tokens"], largest, coefficients)})
@@ -102,6 +102,23 @@ def serving_levels(runs_dirs: Iterable[str | Path], coefficients: Any = "default
                     continue
                 out.append(entry)
     return out
+
+
+def level_figures(level: Mapping[str, Any]) -> dict[str, float | None]:
+    """What a harness level measured, as the fit reads it: TTFT, TPOT and end-to-end p50 and output tokens/s. A level
+    run in several rounds (``serve.rounds``) gives the median over its rounds of each round's own figure: a round
+    slowed by the host moves it less than it moves the samples pooled, and each round's p50 is that of the load the
+    model describes (one burst of the level's requests), where pooled rounds put every round's first wave together."""
+    rounds = [r for r in level.get("rounds") or [] if r.get("completed")]
+    if rounds:
+        def median(key: str) -> float | None:
+            values = [float(r[key]) for r in rounds if isinstance(r.get(key), (int, float))]
+            return float(np.median(values)) if values else None
+
+        return {"ttft_ms": median("ttft_p50_ms"), "tpot_ms": median("tpot_p50_ms"), "e2el_ms": median("e2el_p50_ms"),
+                "output_tok_s": median("output_tok_s")}
+    return {"ttft_ms": level["ttft_ms"]["p50"], "tpot_ms": level["tpot_ms"]["p50"], "e2el_ms": level["e2el_ms"]["p50"],
+            "output_tok_s": level["output_tok_s"]}
 
 
 def _median(stats: Any) -> float | None:

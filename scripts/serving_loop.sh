@@ -5,8 +5,8 @@
 #
 #   scripts/serving_loop.sh RUNS_DIR
 #
-# About 2 minutes on 2 cores. Prints the figures; fails only when a step fails (a noisy 2-core machine is no
-# place for an accuracy gate on latencies).
+# About 2 minutes on 2 cores (four interleaved rounds of each level). Prints the figures; fails only when a step
+# fails (a noisy 2-core machine is no place for an accuracy gate on latencies).
 set -euo pipefail
 
 if [ $# -ne 1 ]; then

@@ -166,6 +166,8 @@ for name, argv in [
     ("serve with zero concurrency", [*B, "--serve", "--concurrency", "0"]),
     ("serve with words", [*B, "--serve", "--concurrency", "a"]),
     ("serve with a bad rate", [*B, "--serve", "--request-rate", "-2"]),
+    ("serve with zero rounds", [*B, "--serve", "--rounds", "0"]),
+    ("rounds without --serve", [*B, "--rounds", "3"]),
     ("serve an engine without a server", [*B, "--serve", "--engine", "transformers"]),
     ("missing sweep", ["bench", "--gpu", "cpu", "--sweep", "{tmp}/missing.toml", "--runs-dir", "{runs}"]),
     ("runs dir is a file", ["bench", "--gpu", "cpu", "--model", "smollm2-135m", "--runs-dir", "{tmp}/afile"]),

@@ -19,7 +19,7 @@ BASE = {"model": "smollm2-135m", "engine": "llama.cpp", "device": "cpu", "quant"
 
 
 def test_the_serve_table_gets_its_defaults_and_sizes_the_batch():
-    assert normalize_serve({}) == {"concurrency": [1], "request_rate": [], "requests": 16, "warmup": 2,
+    assert normalize_serve({}) == {"concurrency": [1], "request_rate": [], "requests": 16, "rounds": 1, "warmup": 2,
                                    "duration_s": 300.0, "request_timeout_s": 300.0, "max_num_seqs": 1}
     serve = normalize_serve({"concurrency": [4, 1, 2, 2], "request_rate": [0.5]})
     assert serve["concurrency"] == [1, 2, 4] and serve["request_rate"] == [0.5] and serve["max_num_seqs"] == 4
@@ -35,6 +35,8 @@ def test_the_serve_table_gets_its_defaults_and_sizes_the_batch():
     ({"request_rate": [float("inf")]}, "serve.request_rate must hold positive numbers"),
     ({"requests": 0}, "serve.requests must be positive"),
     ({"warmup": -1}, "serve.warmup must be zero or positive"),
+    ({"rounds": 0}, "serve.rounds must be positive"),
+    ({"rounds": 1.5}, "serve.rounds must be"),
     ({"users": 3}, "serve has no option 'users'"),
     ("4", "serve: '4' is not of type 'object'"),
 ])

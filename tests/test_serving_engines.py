@@ -76,6 +76,27 @@ def test_llama_cpp_server_is_measured_at_each_concurrency_and_stopped(llama_run)
     assert _closed(serving["port"])
 
 
+def test_levels_run_in_interleaved_rounds_are_summed_and_each_round_kept(cache, tmp_path):
+    from calibration.serving import level_figures
+
+    record, _ = run_serving({**LLAMA, "serve": {"concurrency": [2], "request_rate": [20], "requests": 3, "rounds": 2,
+                                                "warmup": 0}}, tmp_path / "runs", say=lambda m: None)
+    assert record["status"] == "ok", record["reason"]
+    for level in record["measurements"]["serving"]["levels"]:
+        rounds = level["rounds"]
+        assert level["completed"] == 6 and len(level["ttft_ms"]["samples"]) == 6
+        assert [r["completed"] for r in rounds] == [3, 3]
+        # the level's throughput is over its rounds' wall time together
+        assert level["duration_s"] == pytest.approx(sum(r["duration_s"] for r in rounds))
+        assert level["output_tok_s"] == pytest.approx(level["output_tokens"] / level["duration_s"])
+        # the fit reads the median of the rounds' own figures
+        figures = level_figures(level)
+        assert figures["ttft_ms"] == pytest.approx((rounds[0]["ttft_p50_ms"] + rounds[1]["ttft_p50_ms"]) / 2)
+        assert figures["output_tok_s"] == pytest.approx((rounds[0]["output_tok_s"] + rounds[1]["output_tok_s"]) / 2)
+    rate = record["measurements"]["serving"]["levels"][1]
+    assert rate["request_rate"] == 20 and rate["arrival_seed"] is not None  # one draw, replayed in each round
+
+
 def test_a_server_that_cannot_start_is_a_failed_record_with_its_log(cache, tmp_path):
     # llama.cpp refuses a quantized V cache without flash attention: its server exits while loading
     record, path = run_serving({**LLAMA, "kv_dtype": "q4_0", "serve": {"requests": 1}}, tmp_path / "runs",
@@ -90,16 +111,17 @@ def test_vllm_server_batches_concurrent_requests(cache, tmp_path):
     pytest.importorskip("vllm")
     cfg = {"model": "qwen2.5-0.5b", "engine": "vllm", "device": "cpu", "context": 512, "prompt_tokens": [32],
            "gen_tokens": 8, "arch_overrides": {"num_layers": 2, "vocab_size": 4096}, "engine_options": {"threads": 2},
-           "serve": {"concurrency": [1, 4], "requests": 4, "warmup": 1}}
+           "serve": {"concurrency": [1, 4], "requests": 4, "rounds": 2, "warmup": 1}}
     record, path = run_serving(cfg, tmp_path / "runs", say=lambda m: None, on_ready=_listeners("vllm"))
     assert record["status"] == "ok", record["reason"]
     # the API server and its engine processes listen on loopback only
     assert LISTENERS["vllm"] and all(addr.ip == "127.0.0.1" for addr in LISTENERS["vllm"]), LISTENERS["vllm"]
     one, four = record["measurements"]["serving"]["levels"]
-    for level in (one, four):
-        assert level["completed"] == 4 and level["output_tokens"] == 32 and level["prompt_tokens"] == 4 * 32
-        # vLLM's own counters agree with what the client received
-        assert level["server_metrics"]["generation_tokens"] == 32 and level["server_metrics"]["prompt_tokens"] == 128
+    for level in (one, four):  # two rounds of four requests
+        assert level["completed"] == 8 and level["output_tokens"] == 64 and level["prompt_tokens"] == 8 * 32
+        assert [r["completed"] for r in level["rounds"]] == [4, 4]
+        # vLLM's own counters, over both rounds, agree with what the client received
+        assert level["server_metrics"]["generation_tokens"] == 64 and level["server_metrics"]["prompt_tokens"] == 256
     assert record["config"]["batch"] == 4  # max_num_seqs: the most sequences in flight
     assert _closed(record["measurements"]["serving"]["port"])
     # the engine's threads sleep at their barriers: the front-end and the client share the host's cores

@@ -81,7 +81,10 @@ def register(subparsers: Any) -> None:
                        "levels (default 1 when no --request-rate)")
     bench.add_argument("--request-rate", default=None, help="with --serve: Poisson arrivals, requests per second, "
                        "comma-separated levels")
-    bench.add_argument("--requests", type=positive_int, default=16, help="with --serve: requests per level (default 16)")
+    bench.add_argument("--requests", type=positive_int, default=16, help="with --serve: requests per level in each "
+                       "round (default 16)")
+    bench.add_argument("--rounds", type=positive_int, default=1, help="with --serve: run the levels this many times, "
+                       "interleaved, each level's figures over all its rounds (default 1)")
     bench.add_argument("--trust-remote-code", action="store_true", help="allow a configuration's engine option "
                        "trust_remote_code (vLLM runs the model repository's own Python code); without this flag "
                        "such a configuration is refused")
@@ -183,9 +186,9 @@ def config_from_args(args: argparse.Namespace, device: str) -> dict[str, Any]:
     if args.serve:
         config["serve"] = {"concurrency": _levels(args.concurrency, "--concurrency", int),
                            "request_rate": _levels(args.request_rate, "--request-rate", float),
-                           "requests": args.requests}
-    elif args.concurrency or args.request_rate:
-        raise BenchcalError("--concurrency and --request-rate describe a load: add --serve")
+                           "requests": args.requests, "rounds": args.rounds}
+    elif args.concurrency or args.request_rate or args.rounds != 1:
+        raise BenchcalError("--concurrency, --request-rate and --rounds describe a load: add --serve")
     return config
 
 

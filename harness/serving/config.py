@@ -1,14 +1,16 @@
 """A run's ``serve`` table: the load levels and their bounds, checked and with defaults filled in.
 
-    serve = {concurrency = [1, 2, 4], request_rate = [], requests = 16, warmup = 2, duration_s = 300,
+    serve = {concurrency = [1, 2, 4], request_rate = [], requests = 16, rounds = 1, warmup = 2, duration_s = 300,
              request_timeout_s = 300, max_num_seqs = 4}
 
 ``concurrency``: levels of that many requests in flight; ``request_rate``: levels of Poisson arrivals at that many
-requests per second; ``requests``: the requests of each level; ``warmup``: requests sent one at a time before the
-first level, not recorded; ``duration_s``: no request of a level starts after this many seconds; ``max_num_seqs``:
-the most sequences the server holds at once (default: the highest concurrency, 16 with request rates only), which
-is the run's ``batch``. A serving run measures ``prompt_tokens[0]``-token prompts generating ``gen_tokens``
-tokens each.
+requests per second; ``requests``: the requests of each level in each round; ``rounds``: how many times the levels
+run, interleaved (1, 2, 4, 1, 2, 4, ...), each level's figures taken over all its rounds' requests (a drift of the
+host during the run then falls on every level alike; a request-rate level replays the same arrivals in each round);
+``warmup``: requests sent one at a time before the first level, not recorded; ``duration_s``: no request of a level
+starts after this many seconds (in each round); ``max_num_seqs``: the most sequences the server holds at once
+(default: the highest concurrency, 16 with request rates only), which is the run's ``batch``. A serving run
+measures ``prompt_tokens[0]``-token prompts generating ``gen_tokens`` tokens each.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from predictor.errors import BenchcalError
 
-SERVE_KEYS = ("concurrency", "request_rate", "requests", "warmup", "duration_s", "request_timeout_s", "max_num_seqs")
+SERVE_KEYS = ("concurrency", "request_rate", "requests", "rounds", "warmup", "duration_s", "request_timeout_s", "max_num_seqs")
 DEFAULT_RATE_ONLY_SEQS = 16
 
 
@@ -45,6 +47,8 @@ def _positive(serve: Mapping[str, Any], name: str, default: float, kind: type = 
         raise BenchcalError(f"serve.{name} must be a number, got {value!r}") from None
     if isinstance(value, bool) or not math.isfinite(number) or number < 0 or (number == 0 and not zero):
         raise BenchcalError(f"serve.{name} must be {'zero or ' if zero else ''}positive, got {value!r}")
+    if kind is int and number != float(value):
+        raise BenchcalError(f"serve.{name} must be a whole number, got {value!r}")
     return number
 
 
@@ -64,6 +68,7 @@ def normalize_serve(serve: Any) -> dict[str, Any]:
         "concurrency": concurrency,
         "request_rate": rates,
         "requests": _positive(serve, "requests", 16, int),
+        "rounds": _positive(serve, "rounds", 1, int),
         "warmup": _positive(serve, "warmup", 2, int, zero=True),
         "duration_s": _positive(serve, "duration_s", 300.0),
         "request_timeout_s": _positive(serve, "request_timeout_s", 300.0),

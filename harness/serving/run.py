@@ -1,9 +1,10 @@
 """One serving run: start the engine's server, warm it up, drive each load level, stop it, store the record.
 
 The record is an ordinary run record (:mod:`harness.record_schema`) whose ``config.serve`` holds the levels and
-whose ``measurements.serving`` holds, per level, what :func:`harness.serving.loadgen.level_summary` gives plus the
-server's own metrics over the level (vLLM's ``/metrics``: the most requests running and waiting, the fullest the KV
-cache was, preemptions) and the peak memory so far. A server that fails to start, or whose every request fails, is
+whose ``measurements.serving`` holds, per level, what :func:`harness.serving.loadgen.level_summary` gives over all
+the level's rounds (``serve.rounds``: the levels run that many times, interleaved; each round's own throughput and
+medians in ``rounds``) plus the server's own metrics over the level (vLLM's ``/metrics``: the most requests running
+and waiting, the fullest the KV cache was, preemptions) and the peak memory so far. A server that fails to start, or whose every request fails, is
 a failed record with the server's log tail; Ctrl-C stops the server and writes an ``interrupted`` record.
 """
 
@@ -85,6 +86,40 @@ def _levels(serve: Mapping[str, Any]) -> list[dict[str, Any]]:
             + [{"concurrency": None, "request_rate": r} for r in serve["request_rate"]])
 
 
+def _level_figures(level: Mapping[str, Any], turns: list[dict[str, Any]], prompt_tokens: int) -> dict[str, Any]:
+    """One level's record entry: :func:`level_summary` over the requests of all its rounds (throughputs per second
+    of the rounds' wall time together), the server's metrics over them (the gauges' maxima, the counters summed)
+    and, with more than one round, each round's own throughput and medians."""
+    results = [r for turn in turns for r in turn["results"]]
+    summary = level_summary(results, sum(turn["wall"] for turn in turns), prompt_tokens)
+    entry = {**level, **summary,
+             "arrival_seed": turns[0]["seed"] if level["request_rate"] is not None else None,  # the Poisson draw's
+             "server_metrics": _combined_metrics([turn["metrics"] for turn in turns]),
+             "peak_bytes_so_far": turns[-1]["peak"]}
+    if len(turns) > 1:
+        entry["rounds"] = []
+        for turn in turns:
+            own = level_summary(turn["results"], turn["wall"], prompt_tokens)
+            entry["rounds"].append({"completed": own["completed"], "duration_s": own["duration_s"],
+                                    "output_tok_s": own["output_tok_s"], "ttft_p50_ms": own["ttft_ms"].get("p50"),
+                                    "tpot_p50_ms": own["tpot_ms"].get("p50"), "e2el_p50_ms": own["e2el_ms"].get("p50")})
+    return entry
+
+
+def _combined_metrics(summaries: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """:meth:`_MetricsWatch.summary` of several rounds as one: the most running and waiting and the fullest cache of
+    any round, the counters' deltas (preemptions, token counts) and the samples added up."""
+    found = [s for s in summaries if s]
+    if not found:
+        return None
+    def pick(name: str, how: Callable[[list[float]], float]) -> float | None:
+        values = [s[name] for s in found if s.get(name) is not None]
+        return how(values) if values else None
+
+    return {**{k: pick(k, max) for k in ("max_running", "max_waiting", "max_kv_cache_usage")},
+            **{k: pick(k, sum) for k in ("preemptions", "prompt_tokens", "generation_tokens", "samples")}}
+
+
 def run_serving(
     config: Mapping[str, Any],
     runs_dir: Any = None,
@@ -139,7 +174,8 @@ def run_serving(
             startup_s = process.startup_s
             if on_ready is not None:
                 on_ready(process)
-            total = serve["warmup"] + serve["requests"] * len(levels)
+            rounds = int(serve.get("rounds") or 1)
+            total = serve["warmup"] + serve["requests"] * len(levels) * rounds
             prompts = server.prompts(cfg, weights_path, process.base_url, prompt_tokens, total, rng_seed)
             url = process.base_url + "/v1/completions"
             payloads = [server.payload(p, output_tokens) for p in prompts]
@@ -148,21 +184,27 @@ def run_serving(
                 asyncio.run(run_level(url, lambda i: payloads[i], requests=serve["warmup"], concurrency=1,
                                       timeout_s=serve["request_timeout_s"]))
             offset = serve["warmup"]
-            for level in levels:
-                label = (f"concurrency {level['concurrency']}" if level["concurrency"] is not None
-                         else f"{level['request_rate']:g} requests/s")
-                tell(f"serving {cfg['model']} with {cfg['engine']}: {label}, {serve['requests']} requests")
-                base = offset
-                with _MetricsWatch(process.base_url, server.metrics_path) as watch:
-                    results, wall = asyncio.run(run_level(
-                        url, lambda i, base=base: payloads[base + i], requests=serve["requests"],
-                        concurrency=level["concurrency"], request_rate=level["request_rate"],
-                        duration_s=serve["duration_s"], timeout_s=serve["request_timeout_s"], seed=rng_seed + offset))
-                offset += serve["requests"]
-                summary = level_summary(results, wall, prompt_tokens)
-                arrivals = rng_seed + base if level["request_rate"] is not None else None  # the Poisson draw's seed
-                measured.append({**level, **summary, "arrival_seed": arrivals, "server_metrics": watch.summary(),
-                                 "peak_bytes_so_far": process.memory().get("peak_bytes")})
+            done: list[list[dict[str, Any]]] = [[] for _ in levels]  # each level's rounds so far
+            for turn in range(rounds):
+                for index, level in enumerate(levels):
+                    label = (f"concurrency {level['concurrency']}" if level["concurrency"] is not None
+                             else f"{level['request_rate']:g} requests/s")
+                    if rounds > 1:
+                        label += f" (round {turn + 1} of {rounds})"
+                    tell(f"serving {cfg['model']} with {cfg['engine']}: {label}, {serve['requests']} requests")
+                    base = offset
+                    # a request-rate level replays its first round's arrivals (the Poisson draw's seed) in each round
+                    arrivals = rng_seed + (done[index][0]["base"] if done[index] else base)
+                    with _MetricsWatch(process.base_url, server.metrics_path) as watch:
+                        results, wall = asyncio.run(run_level(
+                            url, lambda i, base=base: payloads[base + i], requests=serve["requests"],
+                            concurrency=level["concurrency"], request_rate=level["request_rate"],
+                            duration_s=serve["duration_s"], timeout_s=serve["request_timeout_s"], seed=arrivals))
+                    offset += serve["requests"]
+                    done[index].append({"base": base, "results": results, "wall": wall, "seed": arrivals,
+                                        "metrics": watch.summary(), "peak": process.memory().get("peak_bytes")})
+                    measured[:] = [_level_figures(lv, turns, prompt_tokens)
+                                   for lv, turns in zip(levels, done, strict=False) if turns]
     except ServerFailed as exc:
         failed = exc
     except KeyboardInterrupt:
