@@ -43,6 +43,7 @@ from predictor.load import (
     OVERHEADS,
     rate_figures,
     serving_figures,
+    serving_key,
     serving_mode,
     step_curve,
     step_times,
@@ -77,12 +78,13 @@ def serving_levels(runs_dirs: Iterable[str | Path], coefficients: Any = "default
                 config, model=run_arch(str(row["model"]), str(row["arch_overrides"])), device=run_device(row),
                 prompt_tokens=int(serving["prompt_tokens"])).replace(
                 host_bandwidth_gbs=row["host_bandwidth_gbs"] if row["device"] != "cpu" else None)
-            mode = serving_mode(config["engine"])
+            server = config["serve"].get("server")
+            mode = serving_mode(config["engine"], server)
             max_num_seqs = config["serve"].get("max_num_seqs")
             for level in serving.get("levels") or []:
                 if not level.get("completed"):
                     continue
-                entry = {"run": record["id"], "series": record["id"], "engine": config["engine"],
+                entry = {"run": record["id"], "series": record["id"], "engine": serving_key(config["engine"], server),
                          "device": row["device"], "device_id": scenario.device.id, "model": row["model_key"], "mode": mode,
                          "concurrency": None, "max_num_seqs": max_num_seqs,
                          "output_tokens": int(serving["output_tokens"]), "measured": level_figures(level)}
@@ -276,7 +278,8 @@ def _error(predicted: float, measured: float | None) -> float | None:
 
 
 def fit_serving(runs_dirs: Iterable[str | Path], coefficients: Any = "default") -> dict[str, Any]:
-    """``{engine: {device_id: fit}}``: the overheads, the levels they come from, the in-sample errors and the
+    """``{engine: {device_id: fit}}`` (a server that serves its engine otherwise, llama-server, under its own name:
+    :func:`predictor.load.serving_key`): the overheads, the levels they come from, the in-sample errors and the
     held-out errors at each run's (or imported file's) highest concurrency. Empty when no serving run was measured."""
     every = serving_levels(list(runs_dirs), coefficients)
     levels = [lv for lv in every if lv["concurrency"] is not None]

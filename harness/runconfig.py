@@ -55,7 +55,8 @@ def prepare_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
         cfg["serve"] = normalize_serve(cfg["serve"])
         cfg["batch"] = cfg["serve"]["max_num_seqs"]
-        engine_setup(cfg["engine"]).server()  # refuses an engine without a server before anything runs
+        # the server that runs it (refused for an engine without one, before anything runs)
+        cfg["serve"]["server"] = engine_setup(cfg["engine"]).server_name(cfg["serve"].get("server"))
         if int(cfg["gen_tokens"]) < 1:
             raise BenchcalError("a serving run generates at least one token per request (gen_tokens >= 1)")
     for key in ("context", "reps", "batch", "device_count"):

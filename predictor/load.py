@@ -16,10 +16,12 @@ prompt path against the harness's), ``step_overhead_ms`` per decode step (schedu
   closed loop of c clients the overheads overlap the others' service and each request waits for the c - 1 ahead
   of it: end-to-end ``max(c S, S + o_req)``, TTFT that minus (n - 1) TPOT, TPOT ``step(1) + o_step``, ``c /
   end-to-end`` requests per second (``seq_overhead_ms`` is ``o_step`` here: one sequence per step).
-- **Continuous batching** (vLLM). With equal requests in a closed loop the c requests move in step: they arrive
-  together, their prompts are prefilled in one step, then B = min(c, max_num_seqs) sequences decode together:
-  TTFT ``c k prefill_s + o_step + o_req``, TPOT ``step(B) + o_step + B o_seq``, end-to-end TTFT + (n - 1) TPOT, and
-  ``c / end-to-end`` requests per second (Little's law).
+- **Continuous batching** (vLLM; llama.cpp's ``llama-server``, whose slots decode together). With equal requests in
+  a closed loop the c requests move in step: they arrive together, their prompts are prefilled in one step, then B =
+  min(c, max_num_seqs) sequences decode together: TTFT ``c k prefill_s + o_step + o_req``, TPOT ``step(B) + o_step +
+  B o_seq``, end-to-end TTFT + (n - 1) TPOT, and ``c / end-to-end`` requests per second (Little's law). With more
+  requests in flight than the server runs (c > B) they go in waves of B, each ``W = B k prefill_s + o_step + o_req +
+  (n - 1) TPOT`` long, and a request waits its turn: end-to-end ``c / B x W``, TTFT that minus (n - 1) TPOT.
 
 In a closed loop with fixed lengths every request sees the same, so each figure's p50 is its mean; the spread a
 real server shows (measured p90/p99) is not modelled.
@@ -57,9 +59,14 @@ def serving_figures(mode: str, concurrency: int, output_tokens: int, prefill_s: 
         ttft = e2e - (n - 1) * tpot
     elif mode == "continuous":
         batch = min(c, int(max_num_seqs or c))
-        ttft = c * prefill + o_step + o_req
         tpot = step_s + o_step + batch * o_seq
-        e2e = ttft + (n - 1) * tpot
+        if c <= batch:
+            ttft = c * prefill + o_step + o_req
+            e2e = ttft + (n - 1) * tpot
+        else:  # waves of `batch`, the others waiting their turn: each request waits for c / batch waves
+            wave = batch * prefill + o_step + o_req + (n - 1) * tpot
+            e2e = c / batch * wave
+            ttft = e2e - (n - 1) * tpot
     else:
         raise ValueError(f"unknown serving mode {mode!r} (choose from: {', '.join(MODES)})")
     rate = c / e2e
@@ -103,8 +110,32 @@ def batch_step(scenario: Scenario, batch: int, tokens: int, output_tokens: int) 
     return scenario.replace(batch=batch, prompt_tokens=tokens, context=min(int(scenario.context), own))
 
 
-def serving_mode(engine: str) -> str:
-    return "continuous" if traits(engine).server_batches else "serial"
+BATCHING_SERVERS = ("llama-server",)  # servers that batch although their engine's default one does not
+
+
+def serving_mode(engine: str, server: str | None = None) -> str:
+    """``continuous`` for a server that batches the requests in flight (vLLM's; llama.cpp's ``llama-server``, whose
+    slots decode together), ``serial`` for one that runs them one at a time (llama-cpp-python's, llama.cpp's
+    default here)."""
+    return "continuous" if traits(engine).server_batches or server in BATCHING_SERVERS else "serial"
+
+
+SERVERS = {"llama.cpp": ("llama-cpp-python", "llama-server"), "vllm": ("vllm",)}  # what serves each engine
+
+
+def check_server(engine: str, server: str | None) -> None:
+    """BenchcalError unless ``server`` (None: the engine's default) serves ``engine``."""
+    from predictor.errors import BenchcalError
+
+    if server is not None and server not in SERVERS.get(str(engine), ()):
+        raise BenchcalError(f"--server {server} does not serve {engine} (choose from: "
+                            f"{', '.join(SERVERS.get(str(engine), ())) or 'none'})")
+
+
+def serving_key(engine: str, server: str | None = None) -> str:
+    """The name a serving fit is kept under in the coefficient table: the engine for its default server, the server
+    for another that serves it differently (``llama-server``)."""
+    return str(server) if server in BATCHING_SERVERS and not traits(engine).server_batches else str(engine)
 
 
 def predict_load(scenario: Scenario, concurrency: int, output_tokens: int, *, coefficients: Any = "default",
@@ -112,12 +143,13 @@ def predict_load(scenario: Scenario, concurrency: int, output_tokens: int, *, co
     """The module's figures for ``scenario`` at ``concurrency`` requests in flight, with a serving fit's values
     (``overheads``: the keys of :data:`OVERHEADS` and ``source``) or the neutral ones (uncalibrated)."""
     fit, source = server_terms(overheads)
-    max_num_seqs = max_num_seqs or scenario.max_num_seqs
+    max_num_seqs = max_num_seqs or scenario.max_num_seqs or (LLAMA_SERVER_SLOTS if scenario.server == "llama-server"
+                                                              else None)
     times = step_times(scenario, concurrency, output_tokens, coefficients, max_num_seqs)
-    mode = serving_mode(str(scenario.engine))
+    mode = serving_mode(str(scenario.engine), scenario.server)
     figures = serving_figures(mode, concurrency, output_tokens, times["prefill_s"], times["step1_s"], times["step_s"],
                               max_num_seqs=max_num_seqs, **fit)
-    return {"mode": mode, "concurrency": int(concurrency), "prompt_tokens": int(scenario.prompt_tokens),
+    return {"mode": mode, "server": scenario.server, "concurrency": int(concurrency), "prompt_tokens": int(scenario.prompt_tokens),
             "output_tokens": int(output_tokens), **{k: round(v, 4) for k, v in figures.items()},
             "step_times_ms": {k.removesuffix("_s") + "_ms": round(1000.0 * v, 4) for k, v in times.items()},
             "overheads": {**fit, "source": source}}
@@ -284,27 +316,36 @@ def predict_rate(scenario: Scenario, request_rate: float, output_tokens: int, *,
     """:func:`rate_figures` for ``scenario`` with the analytical model's step times and a serving fit's terms
     (``overheads``, as for :func:`predict_load`)."""
     fit, source = server_terms(overheads)
-    mode = serving_mode(str(scenario.engine))
+    mode = serving_mode(str(scenario.engine), scenario.server)
     limit = running_limit(scenario, output_tokens, coefficients, max_num_seqs) if mode == "continuous" else 1
     prefill, step = step_curve(scenario, output_tokens, limit, coefficients)
     figures = rate_figures(mode, float(request_rate), output_tokens, prefill, step, max_num_seqs=limit,
                            prompt_tokens=int(scenario.prompt_tokens),
                            max_num_batched_tokens=scenario.max_num_batched_tokens or _batch_defaults(scenario)[0],
                            requests=requests, warmup=warmup, seed=seed, **fit)
-    return {"mode": mode, "prompt_tokens": int(scenario.prompt_tokens), "output_tokens": int(output_tokens),
-            **figures, "overheads": {**fit, "source": source}}
+    return {"mode": mode, "server": scenario.server, "prompt_tokens": int(scenario.prompt_tokens),
+            "output_tokens": int(output_tokens), **figures, "overheads": {**fit, "source": source}}
+
+
+# llama-server's defaults: ``--parallel`` auto is 4 slots in a unified cache (tools/server/server.cpp), and one
+# decode call takes up to ``--batch-size`` 2,048 tokens (common/common.h, n_batch)
+LLAMA_SERVER_SLOTS = 4
+LLAMA_SERVER_BATCH_TOKENS = 2048
 
 
 def _batch_defaults(scenario: Scenario) -> tuple[int, int]:
-    """vLLM's ``(max_num_batched_tokens, max_num_seqs)`` on the scenario's device when neither is given."""
+    """The server's ``(tokens one step takes, sequences it runs at once)`` when the scenario gives neither: vLLM's
+    ``(max_num_batched_tokens, max_num_seqs)`` on the scenario's device, llama-server's batch size and slots."""
+    if scenario.server == "llama-server":
+        return LLAMA_SERVER_BATCH_TOKENS, LLAMA_SERVER_SLOTS
     return vllm_batch_defaults(scenario_device(scenario))
 
 
 def running_limit(scenario: Scenario, output_tokens: int, coefficients: Any = "default",
                   max_num_seqs: int | None = None) -> int:
     """The most sequences a batching server runs at once: ``max_num_seqs`` (vLLM's default on the device, 256 or
-    1,024, :func:`predictor.memory.vllm_batch_defaults`), and no more than its KV pool holds at their full length
-    (prompt + output)."""
+    1,024, :func:`predictor.memory.vllm_batch_defaults`; llama-server's 4 slots), and no more than its KV pool
+    holds at their full length (prompt + output)."""
     limit = int(max_num_seqs or scenario.max_num_seqs or _batch_defaults(scenario)[1])
     pool = (predict_scenario(scenario.replace(batch=1), coefficients, launch=False).serving or {}).get("kv_pool_tokens")
     if pool:
@@ -322,7 +363,7 @@ def max_concurrency(scenario: Scenario, output_tokens: int, *, max_ttft_ms: floa
     ``largest`` (the others wait: its throughput is the same at any load), and with no TTFT target it is given one
     (nothing else bounds the wait). Both figures grow with the requests in flight, so the search is a bisection."""
     fit, source = server_terms(overheads)
-    mode = serving_mode(str(scenario.engine))
+    mode = serving_mode(str(scenario.engine), scenario.server)
     if mode == "continuous":
         top, cap = running_limit(scenario, output_tokens, coefficients, max_num_seqs), "running limit"
     elif max_ttft_ms is None:  # more in flight only queue: TPOT is the same, and nothing bounds the wait

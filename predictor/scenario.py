@@ -65,6 +65,7 @@ class Scenario:
     weights_bytes: float | None = None  # the weights' tensor bytes when known (a measured file); None: sized
     max_num_seqs: int | None = None  # vLLM: the most sequences a batch holds (None: its default on the device)
     max_num_batched_tokens: int | None = None  # vLLM: tokens one step may take (None: its default on the device)
+    server: str | None = None  # the server under load (llama.cpp: "llama-server" or "llama-cpp-python"; None: default)
 
     def replace(self, **changes: Any) -> Scenario:
         """A copy with ``changes`` applied (``dataclasses.replace``)."""
@@ -102,6 +103,7 @@ class Scenario:
             gpu_memory_utilization=options.get("gpu_memory_utilization"),
             max_num_seqs=options.get("max_num_seqs"),
             max_num_batched_tokens=options.get("max_num_batched_tokens"),
+            server=(config.get("serve") or {}).get("server"),
         )
 
 

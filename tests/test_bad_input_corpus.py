@@ -61,6 +61,9 @@ for value in ("-0.5", "1.5", "nan", "abc"):
     case(f"predict --offload {value}", [*P, "--offload", value])
 case("predict --ctx above the model's maximum", [*P, "--ctx", "99999999"])
 case("predict --prompt above --ctx", [*P, "--ctx", "1024", "--prompt", "2048"])
+case("predict --server without a load", [*P, "--server", "llama-server"])
+case("predict --server of another engine", [*P, "--server", "vllm", "--concurrency", "4"])
+case("predict --server unknown", [*P, "--server", "ollama", "--concurrency", "4"])
 case("predict --prompt-depth + --prompt above --ctx", [*P, "--ctx", "4096", "--prompt", "512", "--prompt-depth", "4000"])
 for value in ("-1", "abc", "1.5"):
     case(f"predict --prompt-depth {value}", [*P, "--prompt-depth", value])
@@ -168,6 +171,8 @@ for name, argv in [
     ("serve with a bad rate", [*B, "--serve", "--request-rate", "-2"]),
     ("serve with zero rounds", [*B, "--serve", "--rounds", "0"]),
     ("rounds without --serve", [*B, "--rounds", "3"]),
+    ("server without --serve", [*B, "--server", "llama-server"]),
+    ("serve with another engine's server", [*B, "--serve", "--server", "vllm"]),
     ("serve an engine without a server", [*B, "--serve", "--engine", "transformers"]),
     ("missing sweep", ["bench", "--gpu", "cpu", "--sweep", "{tmp}/missing.toml", "--runs-dir", "{runs}"]),
     ("runs dir is a file", ["bench", "--gpu", "cpu", "--model", "smollm2-135m", "--runs-dir", "{tmp}/afile"]),

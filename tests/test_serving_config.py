@@ -19,7 +19,8 @@ BASE = {"model": "smollm2-135m", "engine": "llama.cpp", "device": "cpu", "quant"
 
 
 def test_the_serve_table_gets_its_defaults_and_sizes_the_batch():
-    assert normalize_serve({}) == {"concurrency": [1], "request_rate": [], "requests": 16, "rounds": 1, "warmup": 2,
+    assert normalize_serve({}) == {"server": None, "concurrency": [1], "request_rate": [], "requests": 16, "rounds": 1,
+                                   "warmup": 2,
                                    "duration_s": 300.0, "request_timeout_s": 300.0, "max_num_seqs": 1}
     serve = normalize_serve({"concurrency": [4, 1, 2, 2], "request_rate": [0.5]})
     assert serve["concurrency"] == [1, 2, 4] and serve["request_rate"] == [0.5] and serve["max_num_seqs"] == 4
@@ -38,6 +39,8 @@ def test_the_serve_table_gets_its_defaults_and_sizes_the_batch():
     ({"rounds": 0}, "serve.rounds must be positive"),
     ({"rounds": 1.5}, "serve.rounds must be"),
     ({"users": 3}, "serve has no option 'users'"),
+    ({"server": 3}, "serve.server must be a server's name"),
+    ({"server": "vllm"}, "serve.server 'vllm' does not serve llama.cpp"),
     ("4", "serve: '4' is not of type 'object'"),
 ])
 def test_a_bad_serve_table_is_refused_by_name(serve, message):
@@ -85,3 +88,50 @@ def test_vllm_metrics_are_read_from_its_prometheus_text():
 
 def test_a_free_port_is_on_loopback():
     assert 1024 <= free_port() <= 65535
+
+
+@pytest.fixture
+def no_llama_server(monkeypatch, tmp_path):
+    """A PATH without llama-server and no BENCHCAL_LLAMA_SERVER."""
+    monkeypatch.delenv("BENCHCAL_LLAMA_SERVER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+
+
+def test_llama_cpp_is_served_by_llama_server_where_one_exists(no_llama_server, monkeypatch, tmp_path):
+    assert prepare_config({**BASE, "serve": {}})["serve"]["server"] == "llama-cpp-python"
+    with pytest.raises(BenchcalError, match="no llama-server binary"):
+        prepare_config({**BASE, "serve": {"server": "llama-server"}})
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("BENCHCAL_LLAMA_SERVER", str(binary))
+    with pytest.raises(BenchcalError, match="is not an executable file"):
+        prepare_config({**BASE, "serve": {}})
+    binary.chmod(0o755)
+    cfg = prepare_config({**BASE, "serve": {"concurrency": [1, 4]}})
+    assert cfg["serve"]["server"] == "llama-server"
+    # asked for by name, the bindings' server is still there
+    assert prepare_config({**BASE, "serve": {"server": "llama-cpp-python"}})["serve"]["server"] == "llama-cpp-python"
+    server = engine_setup("llama.cpp").server(cfg)
+    command = server.command(cfg, "/models/m.gguf", 8123)
+    assert command[0] == str(binary) and "--kv-unified" in command and "--metrics" in command
+    flags = {a: b for a, b in zip(command[1:], command[2:]) if a.startswith("--")}
+    # four slots (the highest concurrency), each with the run's whole context in one unified cache
+    assert flags["--parallel"] == "4" and flags["--ctx-size"] == str(4 * 512) and flags["--host"] == "127.0.0.1"
+    assert flags["--threads"] == "1" and flags["--flash-attn"] == "off" and flags["--cache-type-k"] == "f16"
+    payload = server.payload([5, 6, 7], 8)
+    assert payload["ignore_eos"] and payload["max_tokens"] == 8 and payload["prompt"] == [5, 6, 7]
+    assert payload["stream"] and payload["stream_options"]["include_usage"] and not payload["cache_prompt"]
+    assert server.ready_path == "/health" and server.metrics_path == "/metrics"
+
+
+def test_llama_server_metrics_and_version_are_read_from_its_own_output():
+    from harness.engines.llama_cpp.server import parse_llama_server_version
+
+    metrics = parse_metrics((DATA / "llama_server_metrics.txt").read_text())
+    assert metrics["llamacpp:tokens_predicted_total"] == 4.0 and metrics["llamacpp:prompt_tokens_total"] == 8.0
+    assert metrics["llamacpp:requests_processing"] == 0.0 and metrics["llamacpp:requests_deferred"] == 0.0
+    # a build from a source tarball: version, build 1 (no git checkout: no build number) and commit
+    version = parse_llama_server_version((DATA / "llama_server_version.txt").read_text())
+    assert version == {"engine_version": "llama-server 0.5.0-dev (build 1)", "engine_build": None,
+                       "engine_commit": "0c1e570"}
+    assert parse_llama_server_version("no version here") == {}

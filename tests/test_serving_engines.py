@@ -45,7 +45,8 @@ def llama_run(cache, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         for name in ("HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY"):
             patch.setenv(name, SECRET)
-        return run_serving({**LLAMA, "serve": {"concurrency": [1, 2], "requests": 4, "warmup": 1}}, runs,
+        return run_serving({**LLAMA, "serve": {"server": "llama-cpp-python", "concurrency": [1, 2], "requests": 4,
+                                               "warmup": 1}}, runs,
                            say=lambda m: None, on_ready=_listeners("llama.cpp"))
 
 
@@ -79,8 +80,9 @@ def test_llama_cpp_server_is_measured_at_each_concurrency_and_stopped(llama_run)
 def test_levels_run_in_interleaved_rounds_are_summed_and_each_round_kept(cache, tmp_path):
     from calibration.serving import level_figures
 
-    record, _ = run_serving({**LLAMA, "serve": {"concurrency": [2], "request_rate": [20], "requests": 3, "rounds": 2,
-                                                "warmup": 0}}, tmp_path / "runs", say=lambda m: None)
+    record, _ = run_serving({**LLAMA, "serve": {"server": "llama-cpp-python", "concurrency": [2], "request_rate": [20],
+                                                "requests": 3, "rounds": 2, "warmup": 0}}, tmp_path / "runs",
+                            say=lambda m: None)
     assert record["status"] == "ok", record["reason"]
     for level in record["measurements"]["serving"]["levels"]:
         rounds = level["rounds"]
@@ -97,9 +99,32 @@ def test_levels_run_in_interleaved_rounds_are_summed_and_each_round_kept(cache, 
     assert rate["request_rate"] == 20 and rate["arrival_seed"] is not None  # one draw, replayed in each round
 
 
+def test_llama_server_batches_its_slots_where_a_binary_exists(cache, tmp_path):
+    from calibration.serving import fit_serving
+    from harness.engines.llama_cpp.server import find_llama_server
+
+    if find_llama_server() is None:
+        pytest.skip("no llama-server binary here (on PATH or BENCHCAL_LLAMA_SERVER)")
+    record, path = run_serving({**LLAMA, "serve": {"concurrency": [1, 2, 4], "requests": 8, "warmup": 1}},
+                               tmp_path / "runs", say=lambda m: None, on_ready=_listeners("llama-server"))
+    assert record["status"] == "ok", record["reason"]
+    assert record["config"]["serve"]["server"] == "llama-server"  # the default where one exists
+    assert LISTENERS["llama-server"] and all(a.ip == "127.0.0.1" for a in LISTENERS["llama-server"])
+    assert record["provenance"]["engine_version"].startswith("llama-server")
+    for level in record["measurements"]["serving"]["levels"]:
+        assert level["completed"] == 8 and level["output_tokens"] == 8 * 8
+        # its own counters agree with what the client received
+        assert level["server_metrics"]["generation_tokens"] == 64 and level["server_metrics"]["prompt_tokens"] == 8 * 32
+    # fitted as a batching server, under its own name: not with llama-cpp-python's one-at-a-time server
+    fits = fit_serving([tmp_path / "runs"])
+    assert "llama.cpp" not in fits and next(iter(fits["llama-server"].values()))["mode"] == "continuous"
+    assert _closed(record["measurements"]["serving"]["port"])
+
+
 def test_a_server_that_cannot_start_is_a_failed_record_with_its_log(cache, tmp_path):
     # llama.cpp refuses a quantized V cache without flash attention: its server exits while loading
-    record, path = run_serving({**LLAMA, "kv_dtype": "q4_0", "serve": {"requests": 1}}, tmp_path / "runs",
+    record, path = run_serving({**LLAMA, "kv_dtype": "q4_0", "serve": {"server": "llama-cpp-python", "requests": 1}},
+                               tmp_path / "runs",
                                say=lambda m: None)
     assert record["status"] == "crash" and "before it answered" in record["reason"]
     assert record["log_tail"] and Path(path).is_file()

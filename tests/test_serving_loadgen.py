@@ -36,6 +36,11 @@ def test_tokens_are_counted_as_each_real_server_streams_them():
     usage = next(e["usage"] for _, e in vllm if e.get("usage"))
     choices = [(t, e) for t, e in vllm if e.get("choices")]
     assert usage["completion_tokens"] == 5 and len(_token_times(choices, usage)) == 5
+    # llama-server: 4 token events, then an empty one with the finish reason and the usage
+    server = _events("llama_server_stream.sse")
+    usage = server[-1][1]["usage"]
+    assert len(server) == 5 and usage["completion_tokens"] == 4 and _token_times(server, usage) == [0.0, 1.0, 2.0, 3.0]
+    assert _token_times(server, None) == [0.0, 1.0, 2.0, 3.0]
 
 
 class Stub:

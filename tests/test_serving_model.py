@@ -34,6 +34,10 @@ def test_continuous_batching_shares_each_step_between_the_sequences_in_flight():
     capped = serving_figures("continuous", 8, 11, prefill_s=0.05, step1_s=0.01, step_s=0.012, seq_overhead_ms=1.0,
                              max_num_seqs=4)
     assert capped["tpot_ms"] == pytest.approx(12.0 + 4 * 1.0)
+    # eight in flight on four slots: waves of four, each request waiting its turn
+    wave = 4 * 50.0 + 10 * (12.0 + 4 * 1.0)
+    assert capped["e2el_ms"] == pytest.approx(2 * wave) and capped["ttft_ms"] == pytest.approx(2 * wave - 10 * 16.0)
+    assert capped["output_tok_s"] == pytest.approx(4 * 11 / (wave / 1000))
     with pytest.raises(ValueError):
         serving_figures("parallel", 1, 2, 0.1, 0.1, 0.1)
 
@@ -64,6 +68,22 @@ def test_predict_load_names_its_terms_and_their_source():
                           coefficients=None, overheads={"seq_overhead_ms": 0.5, "source": "fitted from 4 levels"})
     assert fitted["mode"] == "continuous" and fitted["overheads"]["seq_overhead_ms"] == 0.5
     assert fitted["tpot_ms"] == pytest.approx(fitted["step_times_ms"]["step_ms"] + 8 * 0.5, rel=1e-3)
+
+
+def test_llama_server_batches_its_slots_and_keeps_its_own_fit():
+    from predictor.load import serving_key, serving_mode
+
+    assert serving_mode("llama.cpp") == "serial" and serving_mode("llama.cpp", "llama-server") == "continuous"
+    assert serving_key("llama.cpp", "llama-server") == "llama-server" and serving_key("llama.cpp") == "llama.cpp"
+    assert serving_key("vllm", "vllm") == "vllm"
+    scenario = Scenario("llama-3-8b", "rtx-4090", prompt_tokens=512, server="llama-server")
+    load = predict_load(scenario, 8, 128, coefficients=None)
+    # its default four slots: eight requests in flight decode four at a time
+    assert load["mode"] == "continuous" and load["server"] == "llama-server"
+    four = predict_load(scenario, 4, 128, coefficients=None)
+    assert load["output_tok_s"] == pytest.approx(four["output_tok_s"]) and load["tpot_ms"] == pytest.approx(four["tpot_ms"])
+    serial = predict_load(scenario.replace(server=None), 4, 128, coefficients=None)
+    assert four["output_tok_s"] > 2 * serial["output_tok_s"]
 
 
 def test_predict_concurrency_adds_the_load_to_the_json(capsys):

@@ -83,6 +83,10 @@ def register(subparsers: Any) -> None:
                        "comma-separated levels")
     bench.add_argument("--requests", type=positive_int, default=16, help="with --serve: requests per level in each "
                        "round (default 16)")
+    bench.add_argument("--server", choices=("llama-server", "llama-cpp-python", "vllm"), default=None,
+                       help="with --serve: the server to measure (llama.cpp: llama-server, its own binary, the "
+                       "default where one exists ($BENCHCAL_LLAMA_SERVER, else on PATH), or llama-cpp-python's "
+                       "llama_cpp.server; vLLM: vllm)")
     bench.add_argument("--rounds", type=positive_int, default=1, help="with --serve: run the levels this many times, "
                        "interleaved, each level's figures over all its rounds (default 1)")
     bench.add_argument("--trust-remote-code", action="store_true", help="allow a configuration's engine option "
@@ -186,9 +190,9 @@ def config_from_args(args: argparse.Namespace, device: str) -> dict[str, Any]:
     if args.serve:
         config["serve"] = {"concurrency": _levels(args.concurrency, "--concurrency", int),
                            "request_rate": _levels(args.request_rate, "--request-rate", float),
-                           "requests": args.requests, "rounds": args.rounds}
-    elif args.concurrency or args.request_rate or args.rounds != 1:
-        raise BenchcalError("--concurrency, --request-rate and --rounds describe a load: add --serve")
+                           "requests": args.requests, "rounds": args.rounds, "server": args.server}
+    elif args.concurrency or args.request_rate or args.rounds != 1 or args.server:
+        raise BenchcalError("--concurrency, --request-rate, --rounds and --server describe a load: add --serve")
     return config
 
 

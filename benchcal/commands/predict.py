@@ -34,7 +34,7 @@ from predictor.engines import traits
 from predictor.eras import era_for_build
 from predictor.errors import BenchcalError, positive
 from predictor.estimate import predict_scenario
-from predictor.load import predict_load, predict_rate
+from predictor.load import check_server, predict_load, predict_rate, serving_key
 from predictor.models import load_catalogue, resolve_model
 from predictor.quants import normalize_engine
 from predictor.scenario import DEFAULT_PROMPT_TOKENS, Scenario, require_context
@@ -107,7 +107,7 @@ def scenario_from_args(args, dev: Device) -> Scenario:
         host_bandwidth_gbs=args.host_bw_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else None),
         host_memory_gib=args.host_mem_gib, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        flashinfer_sampler=args.vllm_sampler == "flashinfer",
+        flashinfer_sampler=args.vllm_sampler == "flashinfer", server=args.server,
     )
 
 
@@ -121,6 +121,9 @@ def prompt_tokens(args) -> int:
 def cmd_predict(args) -> int:
     if args.concurrency and args.request_rate:
         raise BenchcalError("--concurrency and --request-rate describe two loads: give one of them")
+    if args.server is not None and not (args.concurrency or args.request_rate):
+        raise BenchcalError("--server names the server under a load: add --concurrency or --request-rate")
+    check_server(normalize_engine(args.engine), args.server)
     args.prompt = prompt_tokens(args)
     if args.engine_build is not None:  # validated before the host probe or any prediction runs
         era_for_build(normalize_engine(args.engine), args.engine_build)
@@ -129,7 +132,8 @@ def cmd_predict(args) -> int:
     scenario = scenario_from_args(args, dev)
     est = predict_scenario(scenario, table)
     report = predict_report(est, table)
-    fit = table.serving_fit(est.engine, dev.id) if (args.concurrency or args.request_rate) else None
+    fit = table.serving_fit(serving_key(est.engine, scenario.server), dev.id) \
+        if (args.concurrency or args.request_rate) else None
     if args.concurrency:
         load = predict_load(scenario, args.concurrency, args.output_tokens, coefficients=table, overheads=fit)
         add_load_section(report, load)
@@ -258,6 +262,10 @@ def register(sub) -> None:
                    "top-k/top-p sampler its profile run warms up: pytorch (default: vLLM's own, which sorts the logits "
                    "and holds vllm_sampler_copies more logits-sized buffers) or flashinfer (FlashInfer's sort-free "
                    "kernel, the log line 'Using FlashInfer for top-p & top-k sampling': no sort buffers)")
+    p.add_argument("--server", choices=("llama-cpp-python", "llama-server", "vllm"), default=None,
+                   help="with --concurrency or --request-rate: the server under load (llama.cpp: llama-cpp-python, "
+                   "the default, one request at a time, or llama-server, whose slots decode together, --max-num-seqs "
+                   "of them, default 4; vLLM: vllm)")
     p.add_argument("--concurrency", type=positive_int, default=None, help="also predict the server under this many "
                    "requests in flight (--prompt-token prompts, --output-tokens each): throughput, TTFT, TPOT")
     p.add_argument("--request-rate", type=positive_float, default=None, help="also predict the server under Poisson "

@@ -43,8 +43,25 @@ class EngineSetup:
         """Download ``repo`` with ``huggingface_hub`` (``hub``); the path of what the engine loads."""
         return hub.snapshot_download(repo)
 
-    def server(self) -> ServerSetup:
-        """How to serve the engine over HTTP (``benchcal bench --serve``); BenchcalError when it has no server."""
+    servers: tuple[str, ...] = ()  # the servers ``serve.server`` may name, the default first
+
+    def server_name(self, asked: str | None) -> str:
+        """The server a serving run of this engine uses: ``asked`` (``serve.server``) when it is one of
+        :attr:`servers`, the default when None; BenchcalError otherwise or when the engine has no server."""
+        from predictor.errors import BenchcalError
+
+        if not self.servers:
+            raise BenchcalError(f"the {self.name} engine has no server to measure under load")
+        if asked is None:
+            return self.servers[0]
+        if asked not in self.servers:
+            raise BenchcalError(f"serve.server {asked!r} does not serve {self.name} (choose from: "
+                                f"{', '.join(self.servers)})")
+        return asked
+
+    def server(self, cfg: Mapping[str, Any] | None = None) -> ServerSetup:
+        """How to serve the engine over HTTP (``benchcal bench --serve``) with the server ``cfg["serve"]`` names;
+        BenchcalError when it has no server."""
         from predictor.errors import BenchcalError
 
         raise BenchcalError(f"the {self.name} engine has no server to measure under load")

@@ -1,9 +1,11 @@
 """A run's ``serve`` table: the load levels and their bounds, checked and with defaults filled in.
 
-    serve = {concurrency = [1, 2, 4], request_rate = [], requests = 16, rounds = 1, warmup = 2, duration_s = 300,
-             request_timeout_s = 300, max_num_seqs = 4}
+    serve = {server = "llama-server", concurrency = [1, 2, 4], request_rate = [], requests = 16, rounds = 1,
+             warmup = 2, duration_s = 300, request_timeout_s = 300, max_num_seqs = 4}
 
-``concurrency``: levels of that many requests in flight; ``request_rate``: levels of Poisson arrivals at that many
+``server``: which server runs the engine (llama.cpp: ``llama-server``, its own binary, the default where one exists
+(``$BENCHCAL_LLAMA_SERVER``, else on PATH), or ``llama-cpp-python``, the bindings' ``llama_cpp.server``; vLLM:
+``vllm``), resolved with the engine when the run is prepared; ``concurrency``: levels of that many requests in flight; ``request_rate``: levels of Poisson arrivals at that many
 requests per second; ``requests``: the requests of each level in each round; ``rounds``: how many times the levels
 run, interleaved (1, 2, 4, 1, 2, 4, ...), each level's figures taken over all its rounds' requests (a drift of the
 host during the run then falls on every level alike; a request-rate level replays the same arrivals in each round);
@@ -21,7 +23,7 @@ from typing import Any
 
 from predictor.errors import BenchcalError
 
-SERVE_KEYS = ("concurrency", "request_rate", "requests", "rounds", "warmup", "duration_s", "request_timeout_s", "max_num_seqs")
+SERVE_KEYS = ("server", "concurrency", "request_rate", "requests", "rounds", "warmup", "duration_s", "request_timeout_s", "max_num_seqs")
 DEFAULT_RATE_ONLY_SEQS = 16
 
 
@@ -64,7 +66,11 @@ def normalize_serve(serve: Any) -> dict[str, Any]:
     if not concurrency and not rates:
         concurrency = [1]
     seqs = serve.get("max_num_seqs")
+    server = serve.get("server")
+    if server is not None and not isinstance(server, str):
+        raise BenchcalError(f"serve.server must be a server's name, got {server!r}")
     return {
+        "server": server,
         "concurrency": concurrency,
         "request_rate": rates,
         "requests": _positive(serve, "requests", 16, int),

@@ -65,20 +65,28 @@ class _MetricsWatch:
     def summary(self) -> dict[str, Any] | None:
         if not self.samples:
             return None
-        def peak(name: str) -> float | None:
-            values = [s[name] for s in self.samples if name in s]
-            return max(values) if values else None
+        def values(*names: str) -> list[float]:  # the first of the names the server reports (vLLM's, llama-server's)
+            for name in names:
+                found = [s[name] for s in self.samples if name in s]
+                if found:
+                    return found
+            return []
 
-        def delta(name: str) -> float | None:
-            values = [s[name] for s in self.samples if name in s]
-            return values[-1] - values[0] if values else None
+        def peak(*names: str) -> float | None:
+            found = values(*names)
+            return max(found) if found else None
 
-        usage = peak("vllm:kv_cache_usage_perc")
-        return {"max_running": peak("vllm:num_requests_running"), "max_waiting": peak("vllm:num_requests_waiting"),
-                "max_kv_cache_usage": usage if usage is not None else peak("vllm:gpu_cache_usage_perc"),
+        def delta(*names: str) -> float | None:
+            found = values(*names)
+            return found[-1] - found[0] if found else None
+
+        return {"max_running": peak("vllm:num_requests_running", "llamacpp:requests_processing"),
+                "max_waiting": peak("vllm:num_requests_waiting", "llamacpp:requests_deferred"),
+                "max_kv_cache_usage": peak("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
                 "preemptions": delta("vllm:num_preemptions_total"),
-                "prompt_tokens": delta("vllm:prompt_tokens_total"),
-                "generation_tokens": delta("vllm:generation_tokens_total"), "samples": len(self.samples)}
+                "prompt_tokens": delta("vllm:prompt_tokens_total", "llamacpp:prompt_tokens_total"),
+                "generation_tokens": delta("vllm:generation_tokens_total", "llamacpp:tokens_predicted_total"),
+                "samples": len(self.samples)}
 
 
 def _levels(serve: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -150,7 +158,7 @@ def run_serving(
     weights_path, weights_info = prepare_weights(cfg)
     provenance.update(weights_info)
     setup = engine_setup(cfg["engine"])
-    server = setup.server()
+    server = setup.server(cfg)
     cls = engine_class(cfg["engine"])
     port = free_port()
     log_path = log_path_for(cfg)
@@ -221,6 +229,8 @@ def run_serving(
         messages = [m for level in measured for m in level["error_messages"]]
         status, reason = "crash", f"no request completed: {messages[0] if messages else 'every request timed out'}"
     version = _version(cls)
+    if hasattr(server, "version"):  # a server binary of its own (llama-server): its build, not the bindings'
+        version = server.version() or version
     provenance.update({k: version.get(k) for k in ("engine_version", "engine_commit", "engine_build")})
     provenance.update({"finished_at": records.utc_now(), "log_file": str(log_path),
                        "wall_s": time.perf_counter() - started})

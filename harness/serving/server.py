@@ -124,9 +124,13 @@ _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<value>[-+
 VLLM_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                 "vllm:gpu_cache_usage_perc", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
                 "vllm:generation_tokens_total")
+# llama-server's (with --metrics): requests decoding and waiting for a slot, and its token counters
+LLAMA_SERVER_METRICS = ("llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:prompt_tokens_total",
+                        "llamacpp:tokens_predicted_total")
+SERVER_METRICS = VLLM_METRICS + LLAMA_SERVER_METRICS
 
 
-def parse_metrics(text: str, names: Sequence[str] = VLLM_METRICS) -> dict[str, float]:
+def parse_metrics(text: str, names: Sequence[str] = SERVER_METRICS) -> dict[str, float]:
     """The sum over label sets of each named metric in a Prometheus text exposition."""
     out: dict[str, float] = {}
     for line in text.splitlines():

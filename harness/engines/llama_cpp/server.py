@@ -75,3 +75,113 @@ def _tokenize(base_url: str, text: str) -> list[int]:
 
 
 SERVER = LlamaCppServer()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# llama.cpp's own server binary, where one exists
+# ---------------------------------------------------------------------------------------------------------------
+
+LLAMA_SERVER_ENV = "BENCHCAL_LLAMA_SERVER"  # the llama-server binary to use (else the one on PATH)
+
+
+def find_llama_server(environ: Mapping[str, str] | None = None) -> str | None:
+    """The ``llama-server`` binary: ``$BENCHCAL_LLAMA_SERVER`` when set (BenchcalError when it is not an executable
+    file), else ``llama-server`` on PATH, else None."""
+    import os
+    import shutil
+
+    env = os.environ if environ is None else environ
+    named = env.get(LLAMA_SERVER_ENV)
+    if named:
+        if not (os.path.isfile(named) and os.access(named, os.X_OK)):
+            raise BenchcalError(f"{LLAMA_SERVER_ENV}={named} is not an executable file")
+        return named
+    return shutil.which("llama-server", path=env.get("PATH"))
+
+
+class LlamaServerBinary(ServerSetup):
+    """llama.cpp's ``llama-server``: continuous batching over ``-np`` slots, here ``serve.max_num_seqs`` of them, in
+    one unified KV cache of ``context`` tokens per slot (``--kv-unified``, ``-c`` context x slots), so each request
+    may use the run's whole context as with vLLM's ``max_model_len``. Prompts are token ids (ordinary tokens of the
+    model's vocabulary as the server's ``/tokenize`` gives them); ``ignore_eos`` with ``max_tokens`` makes it
+    generate exactly that many. ``/metrics`` (``--metrics``) gives its requests processing and deferred and its
+    token counters."""
+
+    ready_path = "/health"  # 503 while the model loads, 200 once it serves
+    metrics_path = "/metrics"
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+
+    def command(self, cfg: Mapping[str, Any], weights_path: str | None, port: int) -> list[str]:
+        if not weights_path:
+            raise BenchcalError("llama.cpp's server needs a GGUF file")
+        options = cfg.get("engine_options") or {}
+        threads = int(options.get("threads") or default_threads())
+        kv = str(cfg.get("kv_dtype") or "f16").lower()
+        slots = int((cfg.get("serve") or {}).get("max_num_seqs") or 1)
+        layers = int(options.get("n_gpu_layers", -1))
+        return [self.binary, "--model", str(weights_path), "--host", "127.0.0.1", "--port", str(port),
+                "--ctx-size", str(int(cfg["context"]) * slots), "--parallel", str(slots), "--kv-unified",
+                "--threads", str(threads), "--threads-batch", str(threads),
+                "--n-gpu-layers", "all" if layers < 0 else str(layers),
+                "--batch-size", str(int(options.get("n_batch") or 2048)),
+                "--ubatch-size", str(int(options.get("n_ubatch") or 512)),
+                "--flash-attn", "on" if options.get("flash_attn") else "off", "--cache-type-k", kv,
+                "--cache-type-v", kv, "--metrics", "--no-webui"]
+
+    def prompts(self, cfg: Mapping[str, Any], weights_path: str | None, base_url: str, n_tokens: int, count: int,
+                seed: int) -> list[Any]:
+        """Windows of ``n_tokens`` ids from the server's tokenization of random words (ordinary tokens only)."""
+        rng = random.Random(seed)
+        words = " ".join("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9)))
+                         for _ in range(max(64, 2 * n_tokens)))
+        pool = _llama_server_tokenize(base_url, words)
+        if len(pool) < n_tokens:
+            raise BenchcalError(f"the server's tokenizer gave {len(pool)} tokens, fewer than the {n_tokens} asked for")
+        out = []
+        for _ in range(count):
+            start = rng.randrange(0, len(pool) - n_tokens + 1)
+            out.append(pool[start:start + n_tokens])
+        return out
+
+    def payload(self, prompt: Any, output_tokens: int) -> dict[str, Any]:
+        return {"prompt": prompt, "max_tokens": output_tokens, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}, "temperature": 0.0, "cache_prompt": False}
+
+    def version(self) -> dict[str, Any]:
+        """``llama-server --version``: its version, build number and commit, as releases print them (``version:
+        7216 (a1b2c3d)``) and as newer sources do (``version: 0.5.0-dev (build 1, commit 0c1e570)``). A build made
+        outside a git checkout says build 0 or 1: no build number then."""
+        import subprocess
+
+        try:
+            done = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return {}
+        return parse_llama_server_version(done.stdout + done.stderr)
+
+
+def parse_llama_server_version(text: str) -> dict[str, Any]:
+    """``{engine_version, engine_build, engine_commit}`` from ``llama-server --version``'s output ({} when it has no
+    version line)."""
+    import re
+
+    newer = re.search(r"version:\s*(\S+)\s*\(build\s*(\d+),\s*commit\s*(\w+)\)", text)
+    older = re.search(r"version:\s*(\d+)\s*\((\w+)\)", text)
+    if newer:
+        version, build, commit = newer.group(1), int(newer.group(2)), newer.group(3)
+    elif older:
+        version, build, commit = older.group(1), int(older.group(1)), older.group(2)
+    else:
+        return {}
+    return {"engine_version": f"llama-server {version}" + (f" (build {build})" if not older else ""),
+            "engine_build": build if build > 1 else None,
+            "engine_commit": None if commit == "unknown" else commit}
+
+
+def _llama_server_tokenize(base_url: str, text: str) -> list[int]:
+    request = urllib.request.Request(base_url + "/tokenize", data=json.dumps({"content": text}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30.0) as response:
+        return [int(t) for t in json.loads(response.read())["tokens"]]

@@ -85,10 +85,31 @@ class LlamaCppSetup(EngineSetup):
                                 "(a GGUF repository and file name)")
         return hub.hf_hub_download(repo, filename)
 
-    def server(self) -> ServerSetup:
-        """Its OpenAI-compatible server (:mod:`harness.engines.llama_cpp.server`)."""
-        from harness.engines.llama_cpp.server import SERVER
+    servers = ("llama-server", "llama-cpp-python")
 
+    def server_name(self, asked: str | None) -> str:
+        """llama.cpp's own ``llama-server`` where one exists (``$BENCHCAL_LLAMA_SERVER``, else on PATH), else
+        llama-cpp-python's ``llama_cpp.server``; ``llama-server`` asked for and none found is refused."""
+        from harness.engines.llama_cpp.server import LLAMA_SERVER_ENV, find_llama_server
+
+        if asked is None:
+            return "llama-server" if find_llama_server() else "llama-cpp-python"
+        name = super().server_name(asked)
+        if name == "llama-server" and not find_llama_server():
+            raise BenchcalError(f"serve.server llama-server: no llama-server binary on PATH and {LLAMA_SERVER_ENV} "
+                                "is not set")
+        return name
+
+    def server(self, cfg: Mapping[str, Any] | None = None) -> ServerSetup:
+        """Its OpenAI-compatible server (:mod:`harness.engines.llama_cpp.server`): ``llama-server`` when
+        ``cfg["serve"]["server"]`` names it, else llama-cpp-python's."""
+        from harness.engines.llama_cpp.server import SERVER, LlamaServerBinary, find_llama_server
+
+        if ((cfg or {}).get("serve") or {}).get("server") == "llama-server":
+            binary = find_llama_server()
+            if binary is None:
+                raise BenchcalError("serve.server llama-server: no llama-server binary found")
+            return LlamaServerBinary(binary)
         return SERVER
 
 
