@@ -121,6 +121,7 @@ def serving_mode(engine: str, server: str | None = None) -> str:
 
 
 SERVERS = {"llama.cpp": ("llama-cpp-python", "llama-server"), "vllm": ("vllm",)}  # what serves each engine
+SERVER_NAMES = tuple(sorted({name for names in SERVERS.values() for name in names}))
 
 
 def check_server(engine: str, server: str | None) -> None:
@@ -149,7 +150,8 @@ def predict_load(scenario: Scenario, concurrency: int, output_tokens: int, *, co
     mode = serving_mode(str(scenario.engine), scenario.server)
     figures = serving_figures(mode, concurrency, output_tokens, times["prefill_s"], times["step1_s"], times["step_s"],
                               max_num_seqs=max_num_seqs, **fit)
-    return {"mode": mode, "server": scenario.server, "concurrency": int(concurrency), "prompt_tokens": int(scenario.prompt_tokens),
+    return {"mode": mode, "server": scenario.server, "concurrency": int(concurrency),
+            "prompt_tokens": int(scenario.prompt_tokens),
             "output_tokens": int(output_tokens), **{k: round(v, 4) for k, v in figures.items()},
             "step_times_ms": {k.removesuffix("_s") + "_ms": round(1000.0 * v, 4) for k, v in times.items()},
             "overheads": {**fit, "source": source}}

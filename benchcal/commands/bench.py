@@ -14,6 +14,7 @@ from benchcal.commands.comparison import NullFile, fmt, render_comparison, rende
 from harness import record_tables, records
 from harness.engines import ENGINES, engine_setup
 from predictor.errors import BenchcalError, positive
+from predictor.load import SERVER_NAMES
 
 RAW = argparse.RawDescriptionHelpFormatter
 GIB = 2**30
@@ -83,7 +84,7 @@ def register(subparsers: Any) -> None:
                        "comma-separated levels")
     bench.add_argument("--requests", type=positive_int, default=16, help="with --serve: requests per level in each "
                        "round (default 16)")
-    bench.add_argument("--server", choices=("llama-server", "llama-cpp-python", "vllm"), default=None,
+    bench.add_argument("--server", choices=SERVER_NAMES, default=None,
                        help="with --serve: the server to measure (llama.cpp: llama-server, its own binary, the "
                        "default where one exists ($BENCHCAL_LLAMA_SERVER, else on PATH), or llama-cpp-python's "
                        "llama_cpp.server; vLLM: vllm)")

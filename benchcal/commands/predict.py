@@ -34,7 +34,7 @@ from predictor.engines import traits
 from predictor.eras import era_for_build
 from predictor.errors import BenchcalError, positive
 from predictor.estimate import predict_scenario
-from predictor.load import check_server, predict_load, predict_rate, serving_key
+from predictor.load import SERVER_NAMES, check_server, predict_load, predict_rate, serving_key
 from predictor.models import load_catalogue, resolve_model
 from predictor.quants import normalize_engine
 from predictor.scenario import DEFAULT_PROMPT_TOKENS, Scenario, require_context
@@ -262,7 +262,7 @@ def register(sub) -> None:
                    "top-k/top-p sampler its profile run warms up: pytorch (default: vLLM's own, which sorts the logits "
                    "and holds vllm_sampler_copies more logits-sized buffers) or flashinfer (FlashInfer's sort-free "
                    "kernel, the log line 'Using FlashInfer for top-p & top-k sampling': no sort buffers)")
-    p.add_argument("--server", choices=("llama-cpp-python", "llama-server", "vllm"), default=None,
+    p.add_argument("--server", choices=SERVER_NAMES, default=None,
                    help="with --concurrency or --request-rate: the server under load (llama.cpp: llama-cpp-python, "
                    "the default, one request at a time, or llama-server, whose slots decode together, --max-num-seqs "
                    "of them, default 4; vLLM: vllm)")

@@ -43,20 +43,21 @@ class EngineSetup:
         """Download ``repo`` with ``huggingface_hub`` (``hub``); the path of what the engine loads."""
         return hub.snapshot_download(repo)
 
-    servers: tuple[str, ...] = ()  # the servers ``serve.server`` may name, the default first
-
     def server_name(self, asked: str | None) -> str:
-        """The server a serving run of this engine uses: ``asked`` (``serve.server``) when it is one of
-        :attr:`servers`, the default when None; BenchcalError otherwise or when the engine has no server."""
+        """The server a serving run of this engine uses: ``asked`` (``serve.server``) when it is one of those that
+        serve it (:data:`predictor.load.SERVERS`), the first of them when None; BenchcalError otherwise or when the
+        engine has no server."""
         from predictor.errors import BenchcalError
+        from predictor.load import SERVERS
 
-        if not self.servers:
+        servers = SERVERS.get(self.name, ())
+        if not servers:
             raise BenchcalError(f"the {self.name} engine has no server to measure under load")
         if asked is None:
-            return self.servers[0]
-        if asked not in self.servers:
+            return servers[0]
+        if asked not in servers:
             raise BenchcalError(f"serve.server {asked!r} does not serve {self.name} (choose from: "
-                                f"{', '.join(self.servers)})")
+                                f"{', '.join(servers)})")
         return asked
 
     def server(self, cfg: Mapping[str, Any] | None = None) -> ServerSetup:
@@ -89,6 +90,11 @@ class ServerSetup:
     def payload(self, prompt: Any, output_tokens: int) -> dict[str, Any]:
         """A streaming ``/v1/completions`` request that generates exactly ``output_tokens`` tokens."""
         raise NotImplementedError
+
+    def version(self) -> dict[str, Any]:
+        """The server's own ``engine_version`` / ``engine_build`` / ``engine_commit`` where it is a binary of its own
+        (llama-server); {} where the engine's version is the server's (a Python package's server)."""
+        return {}
 
 
 def gguf_path(cfg: Mapping[str, Any]) -> Path | None:

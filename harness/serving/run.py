@@ -4,8 +4,9 @@ The record is an ordinary run record (:mod:`harness.record_schema`) whose ``conf
 whose ``measurements.serving`` holds, per level, what :func:`harness.serving.loadgen.level_summary` gives over all
 the level's rounds (``serve.rounds``: the levels run that many times, interleaved; each round's own throughput and
 medians in ``rounds``) plus the server's own metrics over the level (vLLM's ``/metrics``: the most requests running
-and waiting, the fullest the KV cache was, preemptions) and the peak memory so far. A server that fails to start, or whose every request fails, is
-a failed record with the server's log tail; Ctrl-C stops the server and writes an ``interrupted`` record.
+and waiting, the fullest the KV cache was, preemptions) and the peak memory so far. A server that fails to start,
+or whose every request fails, is a failed record with the server's log tail; Ctrl-C stops the server and writes an
+``interrupted`` record.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def _levels(serve: Mapping[str, Any]) -> list[dict[str, Any]]:
             + [{"concurrency": None, "request_rate": r} for r in serve["request_rate"]])
 
 
-def _level_figures(level: Mapping[str, Any], turns: list[dict[str, Any]], prompt_tokens: int) -> dict[str, Any]:
+def _level_entry(level: Mapping[str, Any], turns: list[dict[str, Any]], prompt_tokens: int) -> dict[str, Any]:
     """One level's record entry: :func:`level_summary` over the requests of all its rounds (throughputs per second
     of the rounds' wall time together), the server's metrics over them (the gauges' maxima, the counters summed)
     and, with more than one round, each round's own throughput and medians."""
@@ -167,7 +168,7 @@ def run_serving(
     levels = _levels(serve)
     status, reason, interrupted = "ok", None, False
     failed: ServerFailed | None = None
-    measured: list[dict[str, Any]] = []
+    done: list[list[dict[str, Any]]] = [[] for _ in levels]  # each level's rounds so far
     startup_s = None
     rng_seed = seed if seed is not None else time.time_ns() % 2**32
     started = time.perf_counter()
@@ -192,7 +193,6 @@ def run_serving(
                 asyncio.run(run_level(url, lambda i: payloads[i], requests=serve["warmup"], concurrency=1,
                                       timeout_s=serve["request_timeout_s"]))
             offset = serve["warmup"]
-            done: list[list[dict[str, Any]]] = [[] for _ in levels]  # each level's rounds so far
             for turn in range(rounds):
                 for index, level in enumerate(levels):
                     label = (f"concurrency {level['concurrency']}" if level["concurrency"] is not None
@@ -202,23 +202,22 @@ def run_serving(
                     tell(f"serving {cfg['model']} with {cfg['engine']}: {label}, {serve['requests']} requests")
                     base = offset
                     # a request-rate level replays its first round's arrivals (the Poisson draw's seed) in each round
-                    arrivals = rng_seed + (done[index][0]["base"] if done[index] else base)
+                    arrivals = done[index][0]["seed"] if done[index] else rng_seed + base
                     with _MetricsWatch(process.base_url, server.metrics_path) as watch:
                         results, wall = asyncio.run(run_level(
                             url, lambda i, base=base: payloads[base + i], requests=serve["requests"],
                             concurrency=level["concurrency"], request_rate=level["request_rate"],
                             duration_s=serve["duration_s"], timeout_s=serve["request_timeout_s"], seed=arrivals))
                     offset += serve["requests"]
-                    done[index].append({"base": base, "results": results, "wall": wall, "seed": arrivals,
+                    done[index].append({"results": results, "wall": wall, "seed": arrivals,
                                         "metrics": watch.summary(), "peak": process.memory().get("peak_bytes")})
-                    measured[:] = [_level_figures(lv, turns, prompt_tokens)
-                                   for lv, turns in zip(levels, done, strict=False) if turns]
     except ServerFailed as exc:
         failed = exc
     except KeyboardInterrupt:
         status, reason, interrupted = "interrupted", "interrupted by the user (SIGINT/SIGTERM)", True
     finally:
         restore_sigterm(previous_term)
+    measured = [_level_entry(level, turns, prompt_tokens) for level, turns in zip(levels, done, strict=True) if turns]
     memory = process.memory()  # the server is stopped: its samplers' final report
     log_text, tail = process.log_tail()
     if failed is not None:
@@ -228,9 +227,7 @@ def run_serving(
     if status == "ok" and measured and not any(level["completed"] for level in measured):
         messages = [m for level in measured for m in level["error_messages"]]
         status, reason = "crash", f"no request completed: {messages[0] if messages else 'every request timed out'}"
-    version = _version(cls)
-    if hasattr(server, "version"):  # a server binary of its own (llama-server): its build, not the bindings'
-        version = server.version() or version
+    version = server.version() or _version(cls)  # a server binary of its own (llama-server): its build
     provenance.update({k: version.get(k) for k in ("engine_version", "engine_commit", "engine_build")})
     provenance.update({"finished_at": records.utc_now(), "log_file": str(log_path),
                        "wall_s": time.perf_counter() - started})

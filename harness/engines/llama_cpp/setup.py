@@ -85,8 +85,6 @@ class LlamaCppSetup(EngineSetup):
                                 "(a GGUF repository and file name)")
         return hub.hf_hub_download(repo, filename)
 
-    servers = ("llama-server", "llama-cpp-python")
-
     def server_name(self, asked: str | None) -> str:
         """llama.cpp's own ``llama-server`` where one exists (``$BENCHCAL_LLAMA_SERVER``, else on PATH), else
         llama-cpp-python's ``llama_cpp.server``; ``llama-server`` asked for and none found is refused."""

@@ -49,8 +49,6 @@ class VllmSetup(EngineSetup):
         return str(folder), {"weights_kind": "synthetic", "weights_file": str(folder), "weights_load_format": "dummy",
                              "synthetic_layout": (hf_config.get("architectures") or [None])[0]}
 
-    servers = ("vllm",)
-
     def server(self, cfg: Mapping[str, Any] | None = None) -> ServerSetup:
         """Its OpenAI-compatible server (:mod:`harness.engines.vllm.server`)."""
         from harness.engines.vllm.server import SERVER
