@@ -3,11 +3,13 @@ fitted model predicts a concurrency it was not fitted on.
 
 For every level of every ok serving run, :mod:`predictor.load` gives the step times of the run's configuration
 from the calibrated analytical model, and its figures are linear in the server's terms (``prefill_scale``,
-``step_overhead_ms``, ``seq_overhead_ms``, ``request_overhead_ms``). Per engine and device they are fitted,
-non-negative, by least squares on the relative
+``decode_scale``, ``step_overhead_ms``, ``seq_overhead_ms``, ``request_overhead_ms``). Per engine and device they
+are fitted, non-negative, by least squares on the relative
 errors of the measured TTFT, TPOT and end-to-end latency (p50) of every concurrency level (of a level run in
-rounds, the median of its rounds' own figures: :func:`level_figures`). The held-out check refits
-without each run's highest concurrency and predicts it: output tokens/s and TTFT p50 against what was measured.
+rounds, the median of its rounds' own figures, each round's first divided by the drift the run's levels share in
+that round: :func:`round_factors`, :func:`normalized`). The held-out check refits without each run's highest
+concurrency and predicts it: output tokens/s and TTFT p50 against what was measured, read with the round factors
+of the fitted levels alone.
 Request-rate levels (Poisson arrivals) are never fitted: each is predicted by :func:`predictor.load.rate_figures`
 from the fit, with the same arrivals the load generator drew (its ``arrival_seed``), and compared.
 
@@ -81,13 +83,15 @@ def serving_levels(runs_dirs: Iterable[str | Path], coefficients: Any = "default
             server = config["serve"].get("server")
             mode = serving_mode(config["engine"], server)
             max_num_seqs = config["serve"].get("max_num_seqs")
+            run_entries: list[dict[str, Any]] = []
             for level in serving.get("levels") or []:
                 if not level.get("completed"):
                     continue
                 entry = {"run": record["id"], "series": record["id"], "engine": serving_key(config["engine"], server),
                          "device": row["device"], "device_id": scenario.device.id, "model": row["model_key"], "mode": mode,
                          "concurrency": None, "max_num_seqs": max_num_seqs,
-                         "output_tokens": int(serving["output_tokens"]), "measured": level_figures(level)}
+                         "output_tokens": int(serving["output_tokens"]), "measured": level_figures(level),
+                         "raw": level_figures(level), "rounds": list(level.get("rounds") or [])}
                 if level.get("concurrency") is not None:
                     entry["concurrency"] = int(level["concurrency"])
                     entry["times"] = step_times(scenario, level["concurrency"], serving["output_tokens"], coefficients,
@@ -102,12 +106,74 @@ def serving_levels(runs_dirs: Iterable[str | Path], coefficients: Any = "default
                                   "curve": step_curve(scenario, serving["output_tokens"], largest, coefficients)})
                 else:
                     continue
-                out.append(entry)
+                run_entries.append(entry)
+            out += normalized(run_entries, [e for e in run_entries if e["concurrency"] is not None])
+    return out
+
+
+ROUND_FIGURES = {"ttft_ms": "ttft_p50_ms", "tpot_ms": "tpot_p50_ms", "e2el_ms": "e2el_p50_ms",
+                 "output_tok_s": "output_tok_s"}
+
+
+def _round_values(entry: Mapping[str, Any], key: str) -> list[float | None]:
+    """A level's figure in each of its rounds, in the order they ran (None where a round has none)."""
+    return [float(r[key]) if r.get("completed") and isinstance(r.get(key), (int, float)) and r[key] > 0 else None
+            for r in entry.get("rounds") or []]
+
+
+def round_factors(reference: list[Mapping[str, Any]]) -> dict[str, list[float]] | None:
+    """Per figure (:data:`ROUND_FIGURES`), each round's factor: the median over the ``reference`` levels (one run's,
+    all run in the same rounds) of the level's figure in that round against its median over the rounds. The levels
+    of a round run within seconds of each other, a round after another a minute apart: the host's speed moves them
+    together (on the 2-core host one round reads 1.5-2x another at every level), and the factor is that shared part.
+    None where the levels have no rounds in common (one round, or different counts)."""
+    counts = {len(e.get("rounds") or []) for e in reference}
+    if len(counts) != 1 or min(counts) < 2:
+        return None
+    (count,) = counts
+    out = {}
+    for figure, key in ROUND_FIGURES.items():
+        logs = []  # per level, each round's log ratio to the level's median
+        for entry in reference:
+            values = _round_values(entry, key)
+            present = [v for v in values if v is not None]
+            if present:
+                middle = float(np.median(present))
+                logs.append([math.log(v / middle) if v is not None else None for v in values])
+        if logs:
+            factors = []
+            for i in range(count):
+                column = [row[i] for row in logs if row[i] is not None]
+                factors.append(math.exp(float(np.median(column))) if column else 1.0)
+            out[figure] = factors
+    return out
+
+
+def normalized(entries: list[dict[str, Any]], reference: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of ``entries`` (levels of one run) whose ``measured`` figures are each the median over the level's
+    rounds of its figure in a round divided by that round's factor from the ``reference`` levels
+    (:func:`round_factors`): the level's figure at the host's typical speed over the run, rather than in whichever
+    rounds the median falls on. ``raw`` keeps the plain median of the rounds (:func:`level_figures`). Unchanged
+    where the levels have no rounds in common."""
+    factors = round_factors(reference)
+    out = []
+    for entry in entries:
+        copy = dict(entry)
+        if factors is not None and len(entry.get("rounds") or []) == len(next(iter(factors.values()), [])):
+            measured = dict(entry["raw"])
+            for figure, key in ROUND_FIGURES.items():
+                values = [v / f for v, f in zip(_round_values(entry, key), factors.get(figure, []), strict=False)
+                          if v is not None]
+                if values and figure in factors:
+                    measured[figure] = float(np.median(values))
+            copy["measured"] = measured
+        out.append(copy)
     return out
 
 
 def level_figures(level: Mapping[str, Any]) -> dict[str, float | None]:
-    """What a harness level measured, as the fit reads it: TTFT, TPOT and end-to-end p50 and output tokens/s. A level
+    """What a harness level measured, on its own: TTFT, TPOT and end-to-end p50 and output tokens/s (the fit reads
+    a run's levels through :func:`normalized`, which starts from these). A level
     run in several rounds (``serve.rounds``) gives the median over its rounds of each round's own figure: a round
     slowed by the host moves it less than it moves the samples pooled, and each round's p50 is that of the load the
     model describes (one burst of the level's requests), where pooled rounds put every round's first wave together."""
@@ -191,7 +257,13 @@ def imported_level(path: Path, record: Mapping[str, Any], coefficients: Any = "d
     return entry
 
 
-PARAMETERS = ("prefill_scale", "step_overhead_ms", "seq_overhead_ms", "request_overhead_ms")
+PARAMETERS = ("prefill_scale", "decode_scale", "step_overhead_ms", "seq_overhead_ms", "request_overhead_ms")
+SCALES = ("prefill_scale", "decode_scale")  # multiply the analytical model's times: neutral at 1, not 0
+# Each scale's distance from 1, weighted so, is one more residual of the fit: a tie-break, next to relative errors
+# of a few percent. A small model's decode step hardly grows with the batch, so a scale on it and an overhead per
+# step fit the levels equally well; the fit then keeps the scale nearest 1 (the analytical step, which carries the
+# model's size to other models on the device) rather than a step of overheads alone.
+SCALE_PRIOR = 0.01
 
 
 def _figures(level: Mapping[str, Any], values: Mapping[str, float]) -> dict[str, float]:
@@ -200,28 +272,30 @@ def _figures(level: Mapping[str, Any], values: Mapping[str, float]) -> dict[str,
                            t["step_s"], max_num_seqs=level.get("max_num_seqs"), **values)
 
 
-def _unit(name: str) -> dict[str, float]:
-    return {p: (1.0 if p == name else 0.0) for p in PARAMETERS}
-
-
 def _free_terms(levels: list[Mapping[str, Any]]) -> list[str]:
-    """The :data:`PARAMETERS` the levels can tell apart: a server that runs one request at a time has one sequence per
-    step, so its per-sequence overhead is its per-step one and stays 0."""
+    """The :data:`PARAMETERS` the levels can tell apart: a server that runs one request at a time decodes one
+    sequence per step, so its per-sequence overhead is its per-step one (it stays 0) and a scale on that one step
+    is a step overhead too (it stays 1)."""
     serial = all(level["mode"] == "serial" for level in levels)
-    return [p for p in PARAMETERS if not (serial and p == "seq_overhead_ms")]
+    return [p for p in PARAMETERS if not (serial and p in ("seq_overhead_ms", "decode_scale"))]
+
+
+def _fixed_terms(free: list[str]) -> dict[str, float]:
+    """The neutral values (:data:`predictor.load.OVERHEADS`) of the terms a fit leaves out."""
+    return {p: OVERHEADS[p] for p in PARAMETERS if p not in free}
 
 
 def fit_overheads(levels: list[Mapping[str, Any]]) -> dict[str, float]:
     """Non-negative :data:`PARAMETERS` minimizing the relative errors of the measured TTFT, TPOT and E2EL (p50).
     The figures are linear in them within a regime (``serving_figures``), so each column is a figure at a unit
-    value. A server that runs one request at a time cannot tell a per-sequence from a per-step overhead (one
-    sequence per step): there ``seq_overhead_ms`` stays 0."""
-    zero = {p: 0.0 for p in PARAMETERS}
+    value. A server that runs one request at a time cannot tell a per-sequence overhead or a decode scale from a
+    per-step overhead (one sequence per step): there they keep their neutral values (:func:`_free_terms`)."""
     free = _free_terms(levels)
+    zero = {**{p: 0.0 for p in free}, **_fixed_terms(free)}
     rows, rhs = [], []
     for level in levels:
         base = _figures(level, zero)
-        unit = {p: _figures(level, _unit(p)) for p in free}
+        unit = {p: _figures(level, {**zero, p: 1.0}) for p in free}
         for target in TARGETS:
             measured = level["measured"].get(target)
             if not measured or not np.isfinite(measured) or measured <= 0:
@@ -230,6 +304,10 @@ def fit_overheads(levels: list[Mapping[str, Any]]) -> dict[str, float]:
             rhs.append(1.0 - base[target] / measured)
     if not rows:
         return dict(OVERHEADS)
+    for p in free:  # the scales' weak pull to 1 (:data:`SCALE_PRIOR`)
+        if p in SCALES:
+            rows.append([SCALE_PRIOR if q == p else 0.0 for q in free])
+            rhs.append(SCALE_PRIOR)
     solution, _ = nnls(np.asarray(rows), np.asarray(rhs))
     return {**zero, **{p: float(v) for p, v in zip(free, solution, strict=True)}}
 
@@ -252,10 +330,10 @@ def fit_rates(levels: list[Mapping[str, Any]]) -> dict[str, float]:
     free = _free_terms(levels)
 
     def values(x: np.ndarray) -> dict[str, float]:
-        return {**{p: 0.0 for p in PARAMETERS}, **dict(zip(free, (float(v) for v in x), strict=True))}
+        return {**_fixed_terms(free), **dict(zip(free, (float(v) for v in x), strict=True))}
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        out = []
+        out = [SCALE_PRIOR * (v - 1.0) for p, v in zip(free, x, strict=True) if p in SCALES]
         for level in levels:
             predicted = _rate_predicted(level, values(x))
             for target in TARGETS:
@@ -269,7 +347,7 @@ def fit_rates(levels: list[Mapping[str, Any]]) -> dict[str, float]:
         return dict(OVERHEADS)
     x0 = np.asarray([OVERHEADS[p] for p in free], float)
     result = least_squares(residuals, x0, bounds=(np.zeros(len(free)), np.full(len(free), np.inf)),
-                           diff_step=1e-3, x_scale=np.asarray([1.0 if p == "prefill_scale" else 10.0 for p in free]))
+                           diff_step=1e-3, x_scale=np.asarray([1.0 if p in SCALES else 10.0 for p in free]))
     return values(result.x)
 
 
@@ -296,11 +374,15 @@ def fit_serving(runs_dirs: Iterable[str | Path], coefficients: Any = "default") 
         in_sample = [_check(lv, fit) for lv in group]
         held_out = []
         for series in sorted({lv["series"] for lv in group}):
-            top = max(lv["concurrency"] for lv in group if lv["series"] == series)
-            train = [lv for lv in group if not (lv["series"] == series and lv["concurrency"] == top)]
-            if not any(lv["series"] == series for lv in train):
+            own = [lv for lv in group if lv["series"] == series]
+            top = max(lv["concurrency"] for lv in own)
+            rest = [lv for lv in own if lv["concurrency"] != top]
+            if not rest:
                 continue
-            for target in (lv for lv in group if lv["series"] == series and lv["concurrency"] == top):
+            # the run's round factors from the levels fitted only: the held-out level's own rounds stay out of them
+            own = normalized(own, rest)
+            train = [lv for lv in group if lv["series"] != series] + [lv for lv in own if lv["concurrency"] != top]
+            for target in (lv for lv in own if lv["concurrency"] == top):
                 held_out.append(_check(target, fit_overheads(train)))
         series = len({lv["series"] for lv in group})
         imported = sum(1 for lv in group if lv.get("imported"))
@@ -317,12 +399,14 @@ def fit_serving(runs_dirs: Iterable[str | Path], coefficients: Any = "default") 
 
 def _check(level: Mapping[str, Any], fit: Mapping[str, float]) -> dict[str, Any]:
     predicted = _figures(level, fit)
-    measured = level["measured"]
+    measured, raw = level["measured"], level.get("raw") or level["measured"]
     return {"run": level["run"], "concurrency": level["concurrency"],
             "output_tok_s": {"measured": measured["output_tok_s"], "predicted": round(predicted["output_tok_s"], 3),
-                             "error": _error(predicted["output_tok_s"], measured["output_tok_s"])},
+                             "error": _error(predicted["output_tok_s"], measured["output_tok_s"]),
+                             "median_of_rounds": raw["output_tok_s"]},
             "ttft_p50_ms": {"measured": measured["ttft_ms"], "predicted": round(predicted["ttft_ms"], 3),
-                            "error": _error(predicted["ttft_ms"], measured["ttft_ms"])}}
+                            "error": _error(predicted["ttft_ms"], measured["ttft_ms"]),
+                            "median_of_rounds": raw["ttft_ms"]}}
 
 
 def _fit_on_rates(group: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -409,6 +493,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {label:9} concurrency {c['concurrency']}: output tok/s {out['measured']:.1f} measured, "
                           f"{out['predicted']:.1f} predicted ({out['error']:+.1%}); TTFT p50 {ttft['measured']:.0f} ms "
                           f"measured, {ttft['predicted']:.0f} predicted ({ttft['error']:+.1%})")
+                    if label == "held out" and (out.get("median_of_rounds"), ttft.get("median_of_rounds")) \
+                            != (out["measured"], ttft["measured"]):
+                        raw_out, raw_ttft = out["median_of_rounds"], ttft["median_of_rounds"]
+                        print(f"  {'':9} {'':13}{len(str(c['concurrency'])) * ' '}  plain median of its rounds: output "
+                              f"tok/s {raw_out:.1f} ({out['predicted'] / raw_out - 1:+.1%}); TTFT p50 {raw_ttft:.0f} ms "
+                              f"({ttft['predicted'] / raw_ttft - 1:+.1%})")
             rate_label = "fitted" if fit.get("request_rates_fitted") else "never fitted"
             for label, checks in ((rate_label, fit["request_rates"]), ("held out", fit.get("request_rates_held_out", []))):
                 for c in checks:

@@ -6,8 +6,9 @@ The engine's step times come from the analytical model (:func:`predictor.estimat
 of one prompt, ``prefill_s``, and one decode step of a batch of B sequences, ``step(B)`` (weights read once, the KV
 of all B, compute once the batch is large). What the server adds is calibrated from serving runs
 (:mod:`calibration.serving`; neutral where none was measured): ``prefill_scale`` (k, on the prefill: the server's
-prompt path against the harness's), ``step_overhead_ms`` per decode step (scheduling, streaming),
-``seq_overhead_ms`` per sequence per step (sampling, detokenizing, one event per sequence) and
+prompt path against the harness's), ``decode_scale`` (d, on each decode step: the server's step against the
+harness's; a server that runs one request at a time keeps 1, its step overhead says the same),
+``step_overhead_ms`` per decode step (scheduling, streaming), ``seq_overhead_ms`` per sequence per step (sampling, detokenizing, one event per sequence) and
 ``request_overhead_ms`` per request (HTTP, tokenizing, bookkeeping).
 
 - **One request at a time** (llama-cpp-python's server: one ``Llama``, requests served in turn). The engine's
@@ -18,10 +19,11 @@ prompt path against the harness's), ``step_overhead_ms`` per decode step (schedu
   end-to-end`` requests per second (``seq_overhead_ms`` is ``o_step`` here: one sequence per step).
 - **Continuous batching** (vLLM; llama.cpp's ``llama-server``, whose slots decode together). With equal requests in
   a closed loop the c requests move in step: they arrive together, their prompts are prefilled in one step, then B =
-  min(c, max_num_seqs) sequences decode together: TTFT ``c k prefill_s + o_step + o_req``, TPOT ``step(B) + o_step +
-  B o_seq``, end-to-end TTFT + (n - 1) TPOT, and ``c / end-to-end`` requests per second (Little's law). With more
-  requests in flight than the server runs (c > B) they go in waves of B, each ``W = B k prefill_s + o_step + o_req +
-  (n - 1) TPOT`` long, and a request waits its turn: end-to-end ``c / B x W``, TTFT that minus (n - 1) TPOT.
+  min(c, max_num_seqs) sequences decode together: TTFT ``c k prefill_s + o_step + o_req``, TPOT ``d step(B) +
+  o_step + B o_seq``, end-to-end TTFT + (n - 1) TPOT, and ``c / end-to-end`` requests per second (Little's law).
+  With more requests in flight than the server runs (c > B) they go in waves of B, each ``W = B k prefill_s + o_step
+  + o_req + (n - 1) TPOT`` long, and a request waits its turn: end-to-end ``c / B x W``, TTFT that minus (n - 1)
+  TPOT.
 
 In a closed loop with fixed lengths every request sees the same, so each figure's p50 is its mean; the spread a
 real server shows (measured p90/p99) is not modelled.
@@ -44,12 +46,14 @@ MODES = ("serial", "continuous")
 def serving_figures(mode: str, concurrency: int, output_tokens: int, prefill_s: float, step1_s: float,
                     step_s: float, prefill_scale: float = 1.0, step_overhead_ms: float = 0.0,
                     seq_overhead_ms: float = 0.0, request_overhead_ms: float = 0.0,
-                    max_num_seqs: int | None = None) -> dict[str, float]:
+                    max_num_seqs: int | None = None, decode_scale: float = 1.0) -> dict[str, float]:
     """The formulas of the module docstring: request throughput (1/s), output tokens/s, TTFT, TPOT and end-to-end
-    latency (ms). ``step1_s``: one decode step of one sequence; ``step_s``: of the running batch."""
+    latency (ms). ``step1_s``: one decode step of one sequence; ``step_s``: of the running batch (both before
+    ``decode_scale``)."""
     c, n = max(int(concurrency), 1), max(int(output_tokens), 1)
     o_step, o_seq, o_req = step_overhead_ms / 1000.0, seq_overhead_ms / 1000.0, request_overhead_ms / 1000.0
     prefill = prefill_scale * prefill_s
+    step1_s, step_s = decode_scale * step1_s, decode_scale * step_s
     if mode == "serial":
         tpot = step1_s + o_step
         service = prefill + (n - 1) * tpot
@@ -69,19 +73,20 @@ def serving_figures(mode: str, concurrency: int, output_tokens: int, prefill_s: 
             ttft = e2e - (n - 1) * tpot
     else:
         raise ValueError(f"unknown serving mode {mode!r} (choose from: {', '.join(MODES)})")
-    rate = c / e2e
+    rate = c / e2e if e2e > 0 else math.inf  # 0 only with every term at 0 (the fit's columns)
     return {"request_throughput": rate, "output_tok_s": rate * n, "ttft_ms": 1000.0 * ttft,
             "tpot_ms": 1000.0 * tpot, "e2el_ms": 1000.0 * e2e}
 
 
-OVERHEADS = {"prefill_scale": 1.0, "step_overhead_ms": 0.0, "seq_overhead_ms": 0.0, "request_overhead_ms": 0.0}
+OVERHEADS = {"prefill_scale": 1.0, "decode_scale": 1.0, "step_overhead_ms": 0.0, "seq_overhead_ms": 0.0,
+             "request_overhead_ms": 0.0}
 
 
 def server_terms(overheads: Mapping[str, Any] | None) -> tuple[dict[str, float], str]:
     """A serving fit's terms (:data:`OVERHEADS`' keys, the neutral values where it has none) and their source."""
     fit = {**OVERHEADS, **{k: float(v) for k, v in (overheads or {}).items() if k in OVERHEADS and v is not None}}
     return fit, str((overheads or {}).get("source")
-                    or "uncalibrated: no serving run fitted (prefill_scale 1, overheads 0)")
+                    or "uncalibrated: no serving run fitted (prefill_scale and decode_scale 1, overheads 0)")
 
 
 def step_times(scenario: Scenario, concurrency: int, output_tokens: int, coefficients: Any = "default",
@@ -256,16 +261,22 @@ def rate_figures(mode: str, request_rate: float, output_tokens: int, prefill_s: 
                  prefill_scale: float = 1.0, step_overhead_ms: float = 0.0, seq_overhead_ms: float = 0.0,
                  request_overhead_ms: float = 0.0, max_num_seqs: int | None = None, prompt_tokens: int = 0,
                  max_num_batched_tokens: int | None = None, requests: int = RATE_REQUESTS,
-                 warmup: int = RATE_WARMUP, seed: int = 0, steady_state: bool = True) -> dict[str, Any]:
+                 warmup: int = RATE_WARMUP, seed: int = 0, steady_state: bool = True,
+                 decode_scale: float = 1.0) -> dict[str, Any]:
     """Throughput and TTFT / TPOT / end-to-end distributions (mean, p50, p90, p99, ms) of Poisson arrivals at
     ``request_rate``, simulated over ``requests`` requests (the first ``warmup`` left out). ``step_s(B)``: one decode
-    step of B sequences, seconds. ``capacity`` is the most requests per second the server completes (saturated:
+    step of B sequences, seconds (before ``decode_scale``). ``capacity`` is the most requests per second the server completes (saturated:
     ``max_num_seqs`` in flight, or one at a time); at or above it queues grow without bound, and the figures are
     None with ``saturated`` true, unless ``steady_state`` is False: then the ``requests`` arrivals are simulated
     all the same (a finite measured level, whose queue grows only so far)."""
     n = max(int(output_tokens), 1)
     o_step, o_seq, o_req = step_overhead_ms / 1000.0, seq_overhead_ms / 1000.0, request_overhead_ms / 1000.0
     prefill = prefill_scale * prefill_s
+    unscaled = step_s
+
+    def step_s(batch: int) -> float:
+        return decode_scale * unscaled(batch)
+
     limit = int(max_num_seqs or DEFAULT_MAX_NUM_SEQS)
     if mode == "serial":
         tpot = step_s(1) + o_step

@@ -44,9 +44,9 @@ def test_continuous_batching_shares_each_step_between_the_sequences_in_flight():
 
 @pytest.mark.parametrize("mode", ["serial", "continuous"])
 def test_the_fit_recovers_the_server_terms_that_made_the_figures(mode):
-    serial = mode == "serial"  # one request at a time: a per-sequence term is a per-step term
-    truth = {"prefill_scale": 1.3, "step_overhead_ms": 2.0, "seq_overhead_ms": 0.0 if serial else 1.5,
-             "request_overhead_ms": 7.0}
+    serial = mode == "serial"  # one request at a time: a per-sequence term or a decode scale is a per-step term
+    truth = {"prefill_scale": 1.3, "decode_scale": 1.0, "step_overhead_ms": 2.0,
+             "seq_overhead_ms": 0.0 if serial else 1.5, "request_overhead_ms": 7.0}
     levels = []
     for c in (1, 2, 4, 8):
         times = {"prefill_s": 0.03, "step1_s": 0.004, "step_s": 0.004 + 0.0002 * c}
@@ -55,10 +55,28 @@ def test_the_fit_recovers_the_server_terms_that_made_the_figures(mode):
                        "measured": {**{k: figures[k] for k in ("ttft_ms", "tpot_ms", "e2el_ms")},
                                     "output_tok_s": figures["output_tok_s"]}})
     fit = fit_overheads(levels[:3])
-    for name in PARAMETERS:
-        assert fit[name] == pytest.approx(truth[name], abs=1e-6), name
+    for name in PARAMETERS:  # the scales' weak pull to 1 (SCALE_PRIOR) moves them by less than 0.1%
+        assert fit[name] == pytest.approx(truth[name], rel=1e-3, abs=1e-3), name
     held_out = _check(levels[3], fit)
-    assert abs(held_out["output_tok_s"]["error"]) < 1e-6 and abs(held_out["ttft_p50_ms"]["error"]) < 1e-6
+    assert abs(held_out["output_tok_s"]["error"]) < 1e-3 and abs(held_out["ttft_p50_ms"]["error"]) < 1e-3
+
+
+def test_a_server_decoding_faster_than_the_analytical_step_gets_a_decode_scale_below_1():
+    # A step that grows linearly with the batch, scaled, is an overhead per step plus one per sequence: the levels
+    # cannot tell them apart, and the fit keeps the scale nearest 1 with non-negative overheads. Where the server
+    # decodes faster than the analytical step, that is the scale below 1 the measured steps need.
+    truth = {"prefill_scale": 0.2, "decode_scale": 0.7, "step_overhead_ms": 0.0, "seq_overhead_ms": 0.5,
+             "request_overhead_ms": 3.0}
+    levels = []
+    for c in (1, 2, 4, 8):
+        times = {"prefill_s": 0.05, "step1_s": 0.0074, "step_s": 0.0074 + 0.00001 * c}
+        figures = serving_figures("continuous", c, 32, **times, **truth)
+        levels.append({"run": "r", "mode": "continuous", "concurrency": c, "output_tokens": 32, "times": times,
+                       "measured": figures})
+    fit = fit_overheads(levels[:3])
+    for name in PARAMETERS:
+        assert fit[name] == pytest.approx(truth[name], rel=1e-3, abs=1e-3), name
+    assert abs(_check(levels[3], fit)["output_tok_s"]["error"]) < 1e-3
 
 
 def test_predict_load_names_its_terms_and_their_source():
@@ -307,3 +325,57 @@ def test_a_batching_servers_step_sizes_the_cache_by_the_sequences_not_the_maximu
         assert predict_load(wide, 64, 264)["tpot_ms"] == pytest.approx(predict_load(base, 64, 264)["tpot_ms"])
         assert predict_rate(wide, 5.0, 264)["tpot_ms"]["p50"] == pytest.approx(
             predict_rate(base, 5.0, 264)["tpot_ms"]["p50"])
+
+
+ROUNDS_RECORD = Path(__file__).parent / "data" / "serving" / "rounds" / "vllm-qwen2.5-0.5b-8-rounds.json"
+
+
+def _level(concurrency, ttfts):
+    rounds = [{"completed": 4, "ttft_p50_ms": t, "tpot_p50_ms": 5.0, "e2el_p50_ms": 10 * t, "output_tok_s": 100.0 / t}
+              for t in ttfts]
+    return {"concurrency": concurrency, "rounds": rounds, "raw": {"ttft_ms": None}}
+
+
+def test_each_round_is_divided_by_the_drift_its_levels_share():
+    from calibration.serving import normalized, round_factors
+
+    levels = [_level(1, [10, 20, 12]), _level(2, [20, 36, 18]), _level(4, [44, 80, 40]), _level(8, [70, 150, 66])]
+    # each round's factor: the median over the levels given of the round's figure over the level's median
+    factors = round_factors(levels[:3])
+    assert factors["ttft_ms"] == pytest.approx([1.0, 1.8, 40 / 44])
+    assert factors["output_tok_s"] == pytest.approx([1 / f for f in factors["ttft_ms"]])
+    one, _, _, eight = normalized(levels, levels[:3])
+    assert one["measured"]["ttft_ms"] == pytest.approx(20 / 1.8)  # 10, 20 / 1.8, 12 x 44 / 40: the middle one
+    assert eight["measured"]["ttft_ms"] == pytest.approx(66 * 44 / 40)  # 70, 150 / 1.8, 66 x 44 / 40
+    assert eight["measured"]["tpot_ms"] == pytest.approx(5.0)
+    # one round, or levels run in different numbers of rounds: nothing shared, the figures stay as they were
+    assert round_factors([_level(1, [10]), _level(2, [20])]) is None
+    assert round_factors([_level(1, [10, 11]), _level(2, [20, 21, 22])]) is None
+
+
+def test_the_held_out_level_is_read_with_the_fitted_levels_round_factors_only(tmp_path):
+    import numpy as np
+
+    from calibration.serving import ROUND_FIGURES, fit_serving, round_factors, serving_levels
+
+    record = json.loads(ROUNDS_RECORD.read_text())
+    levels = [lv for lv in serving_levels([ROUNDS_RECORD.parent]) if lv["concurrency"]]
+    factors = round_factors(levels)
+    for figure, key in ROUND_FIGURES.items():  # on the real run the rounds' shared drift is much of their spread
+        spread = [np.std(np.log([r[key] for r in lv["rounds"]])) for lv in levels]
+        left = [np.std(np.log(np.divide([r[key] for r in lv["rounds"]], factors[figure]))) for lv in levels]
+        assert np.mean(left) < 0.85 * np.mean(spread)
+        for lv in levels:
+            assert min(r[key] for r in lv["rounds"]) < lv["measured"][figure] < max(r[key] for r in lv["rounds"])
+    before = fit_serving([ROUNDS_RECORD.parent])["vllm"]
+    # the held-out level's own rounds, scrambled, change neither the fit nor its reading of the held-out level's
+    # figures beyond their own values: the factors come from the fitted levels
+    eight = next(lv for lv in record["measurements"]["serving"]["levels"] if lv.get("concurrency") == 8)
+    eight["rounds"] = eight["rounds"][::-1]
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    after = fit_serving([tmp_path])["vllm"]
+    ((_, fit_before),), ((_, fit_after),) = before.items(), after.items()
+    (b,), (a,) = fit_before["held_out"], fit_after["held_out"]
+    assert a["ttft_p50_ms"]["predicted"] == b["ttft_p50_ms"]["predicted"]
+    assert a["ttft_p50_ms"]["median_of_rounds"] == b["ttft_p50_ms"]["median_of_rounds"]
+    assert a["ttft_p50_ms"]["measured"] != b["ttft_p50_ms"]["measured"]  # its rounds now meet other factors

@@ -178,6 +178,8 @@ def add_serving_section(rep: Report, runs_dirs, table: Coefficients, charts: boo
             note="The serving model's server terms fitted on these runs' concurrency levels; 'held out' refits without "
                  "each run's highest concurrency; request-rate levels are never fitted, except on an engine and "
                  "device measured at request rates only (imported results), fitted on them: there 'held out' refits "
-                 "without each request rate.")
+                 "without each request rate. A level run in rounds is read as the median of its rounds, each "
+                 "divided first by the drift the run's levels share in that round (docs/model.md; the held-out "
+                 "level with the fitted levels' factors, its plain median of rounds in the JSON).")
     if isinstance(rep.data, dict):
         rep.data["serving"] = data
