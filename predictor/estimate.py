@@ -137,7 +137,8 @@ def evaluate(
     eager = np.logical_or(np.asarray(enforce_eager, bool), kind == "cpu")
     # vLLM's batch budget (its profile run's size) and, on a GPU, its sampler's warm-up buffers
     sorts = np.logical_and(on_gpu, np.logical_not(np.asarray(flashinfer_sampler, bool)))
-    budget = (max_batched_tokens, max_num_seqs, np.where(sorts, coeffs["vllm_sampler_copies"], 0.0))
+    # (and whether its activations are the profile's peak, as torch counts on a GPU: mem.runtime_bytes)
+    budget = (max_batched_tokens, max_num_seqs, np.where(sorts, coeffs["vllm_sampler_copies"], 0.0), on_gpu)
     runtime = mem.runtime_bytes(arch, engine, coeffs, context, n_ubatch, flash_attn, batch, eager, *budget) * n_dev
     total = resident_w + dev_kv + runtime
     usable = mem.usable_device_bytes(memory_gib, usable_gib, kind, coeffs["reserve_gib"]) * n_dev
@@ -251,7 +252,7 @@ def evaluate(
 
 
 def _max_context(arch, engine, coeffs, usable, dev_w, frac, n_dev, kv_bpe, batch, n_ubatch, flash_attn, eager,
-                 budget=(mem.VLLM_MAX_BATCHED_TOKENS, mem.VLLM_MAX_NUM_SEQS, 0.0)):
+                 budget=(mem.VLLM_MAX_BATCHED_TOKENS, mem.VLLM_MAX_NUM_SEQS, 0.0, True)):
     """Largest context (multiple of 256, up to the model's maximum) whose total stays "fits"."""
     kv_share = frac if traits(engine).layer_offload else 0.0
 

@@ -149,15 +149,31 @@ def llama_compute_buffer_bytes(arch: ModelArch, context, n_ubatch, flash_attn, b
     return np.maximum(np.maximum(output_phase, ffn_phase), attention_phase)
 
 
-def vllm_activation_bytes(arch: ModelArch, max_batched_tokens=VLLM_MAX_BATCHED_TOKENS, max_num_seqs=VLLM_MAX_NUM_SEQS):
-    """vLLM's profile-run activation peak: one forward of ``max_batched_tokens`` tokens (16-bit).
-
-    Gate/up output (2 x d_ff), the hidden states and residual (4 x d_model) per token, plus the
-    f32 logits of the sampled rows (one per sequence the batch may hold, ``max_num_seqs``).
-    """
+def vllm_forward_bytes(arch: ModelArch, max_batched_tokens=VLLM_MAX_BATCHED_TOKENS):
+    """vLLM's profile-run forward pass: one forward of ``max_batched_tokens`` tokens (16-bit). Gate/up output
+    (2 x d_ff), the hidden states and residual (4 x d_model) per token."""
     tokens = np.asarray(max_batched_tokens, dtype=float)
-    per_token = 2.0 * (2.0 * arch.intermediate_size + 4.0 * arch.hidden_size)
-    return tokens * per_token + vllm_logits_bytes(arch, max_num_seqs)
+    return tokens * 2.0 * (2.0 * arch.intermediate_size + 4.0 * arch.hidden_size)
+
+
+def vllm_sampler_bytes(arch: ModelArch, max_batched_tokens=VLLM_MAX_BATCHED_TOKENS, max_num_seqs=VLLM_MAX_NUM_SEQS,
+                       sampler_copies=0.0):
+    """vLLM's profile-run sampler warm-up, after the forward pass: the forward's output hidden states (16-bit, one
+    row per token) still held, the f32 logits of ``max_num_seqs`` rows and ``sampler_copies`` more logits-sized
+    buffers (the PyTorch top-k/top-p path sorts them; 0 with FlashInfer's sort-free kernel or on a CPU)."""
+    tokens = np.asarray(max_batched_tokens, dtype=float)
+    logits = vllm_logits_bytes(arch, max_num_seqs)
+    return tokens * 2.0 * arch.hidden_size + (1.0 + np.asarray(sampler_copies, float)) * logits
+
+
+def vllm_activation_bytes(arch: ModelArch, max_batched_tokens=VLLM_MAX_BATCHED_TOKENS, max_num_seqs=VLLM_MAX_NUM_SEQS,
+                          sampler_copies=0.0, forward_scale=1.0):
+    """vLLM's profile-run activation peak (``profile_run`` in ``vllm/v1/worker/gpu_model_runner.py``): the forward
+    pass of ``max_batched_tokens`` tokens (:func:`vllm_forward_bytes`, times ``forward_scale``), then the sampler's
+    warm-up on its output (:func:`vllm_sampler_bytes`). The forward's activations are freed before the sampler runs,
+    so the peak the profile measures is the larger of the two, not their sum."""
+    forward = np.asarray(forward_scale, float) * vllm_forward_bytes(arch, max_batched_tokens)
+    return np.maximum(forward, vllm_sampler_bytes(arch, max_batched_tokens, max_num_seqs, sampler_copies))
 
 
 def vllm_logits_bytes(arch: ModelArch, max_num_seqs=VLLM_MAX_NUM_SEQS):
@@ -167,18 +183,25 @@ def vllm_logits_bytes(arch: ModelArch, max_num_seqs=VLLM_MAX_NUM_SEQS):
 
 def runtime_bytes(arch: ModelArch, engine: str, coeffs, context, n_ubatch, flash_attn, batch=1,
                   enforce_eager=False, max_batched_tokens=VLLM_MAX_BATCHED_TOKENS, max_num_seqs=VLLM_MAX_NUM_SEQS,
-                  sampler_copies=0.0):
+                  sampler_copies=0.0, profile_peak=True):
     """Engine runtime on the device: fixed context + compute/activation buffers (+ vLLM CUDA graphs,
     none when ``enforce_eager``; vLLM's activations grow with its batch budget, ``max_batched_tokens`` and
-    ``max_num_seqs``, and on a GPU its sampler's ``sampler_copies`` more logits-sized buffers)."""
+    ``max_num_seqs``, and on a GPU its sampler's ``sampler_copies`` more logits-sized buffers). ``profile_peak``
+    (a GPU): vLLM's activations are its profile run's peak, :func:`vllm_activation_bytes`, the larger of the
+    forward pass (times ``compute_buffer_scale``) and the sampler's warm-up, as torch's allocator counts them.
+    Elsewhere (a CPU, where what is measured is the process's resident memory, which keeps what the forward pass
+    freed) they are the forward pass and the logits together, times ``compute_buffer_scale``."""
     fixed = coeffs["runtime_fixed_gib"] * GIB
     scale = coeffs["compute_buffer_scale"]
     if traits(engine).profiled_runtime:
         graphs = np.where(np.asarray(enforce_eager, bool), 0.0, coeffs["vllm_graph_gib"] * GIB)
         extra = coeffs["vllm_non_torch_gib"] * GIB + graphs
-        activations = vllm_activation_bytes(arch, max_batched_tokens, max_num_seqs)
-        sampler = np.asarray(sampler_copies, float) * vllm_logits_bytes(arch, max_num_seqs)
-        return fixed + extra + scale * activations + sampler + np.zeros_like(np.asarray(context, float))
+        logits = vllm_logits_bytes(arch, max_num_seqs)
+        resident = scale * (vllm_forward_bytes(arch, max_batched_tokens) + logits) \
+            + np.asarray(sampler_copies, float) * logits
+        peak = vllm_activation_bytes(arch, max_batched_tokens, max_num_seqs, sampler_copies, scale)
+        activations = np.where(np.asarray(profile_peak, bool), peak, resident)
+        return fixed + extra + activations + np.zeros_like(np.asarray(context, float))
     return fixed + scale * llama_compute_buffer_bytes(arch, context, n_ubatch, flash_attn, batch)
 
 

@@ -74,11 +74,15 @@ def test_predict_takes_the_sampler_the_profile_run_warms_up(capsys, tmp_path):
         pools[sampler] = json.loads(out.read_text())["serving"]
     assert pools["pytorch"]["sampler"] == "pytorch" and "sort buffers" in pools["pytorch"]["formula"]
     assert pools["flashinfer"]["sampler"] == "flashinfer" and "no sort buffers" in pools["flashinfer"]["formula"]
-    # FlashInfer's kernel sorts nothing: the pool gains the sorting sampler's logits-sized buffers, max_num_seqs
-    # (1,024 on an H100) x the vocabulary x 4 bytes each
+    # FlashInfer's kernel sorts nothing: the profile's peak is the larger of the forward pass and a sampler warm-up
+    # without the sorting sampler's logits-sized buffers (max_num_seqs, 1,024 on an H100, x the vocabulary x 4 bytes)
     est = predict("llama-3.1-8b", "h100-sxm", "BF16", 8192, "vllm", coefficients=None, launch=False)
-    buffers = est.coefficients["vllm_sampler_copies"] * 1024 * est.model.vocab_size * 4 / GIB
-    assert pools["flashinfer"]["kv_pool_gib"] == pytest.approx(pools["pytorch"]["kv_pool_gib"] + buffers, abs=0.002)
+    copies, arch = est.coefficients["vllm_sampler_copies"], est.model
+    sorting = mem.vllm_sampler_bytes(arch, 8192, 1024, copies)
+    assert sorting > mem.vllm_forward_bytes(arch, 8192)  # the sorting sampler sets the peak ...
+    fast = max(mem.vllm_forward_bytes(arch, 8192), mem.vllm_sampler_bytes(arch, 8192, 1024))  # ... else the forward
+    assert pools["flashinfer"]["kv_pool_gib"] == pytest.approx(pools["pytorch"]["kv_pool_gib"] + (sorting - fast) / GIB,
+                                                               abs=0.002)
     with pytest.raises(SystemExit) as refused:
         main(["predict", "--engine", "vllm", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--vllm-sampler", "topk"])
     assert refused.value.code == 2 and "--vllm-sampler" in capsys.readouterr().err
@@ -142,10 +146,11 @@ def test_vllm_batch_defaults_follow_the_device_as_vllm_serve_picks_them():
     h100 = predict("qwen3-0.6b", "h100-sxm", "BF16", 16384, "vllm", coefficients=None, launch=False)
     l40s = predict("qwen3-0.6b", "l40s", "BF16", 16384, "vllm", coefficients=None, launch=False)
     assert h100.serving["max_num_seqs"] == 1024 and l40s.serving["max_num_seqs"] == 256
-    # the sampler's warm-up buffers: 1 + vllm_sampler_copies logits buffers of max_num_seqs x vocabulary x 4 bytes
-    logits = mem.vllm_logits_bytes(h100.model, 1024)
-    sampler = h100.coefficients["vllm_sampler_copies"] * logits
-    assert sampler > 4 * GIB  # what llm-d logged on an H100 (5.56 GiB peak activation for this model)
+    # the sampler's warm-up buffers: 1 + vllm_sampler_copies logits buffers of max_num_seqs x vocabulary x 4 bytes,
+    # with the forward's hidden states: what llm-d logged on an H100 (5.56 GiB peak activation for this model)
+    sampler = mem.vllm_sampler_bytes(h100.model, 8192, 1024, h100.coefficients["vllm_sampler_copies"])
+    assert sampler / GIB == pytest.approx(5.56, rel=0.01)
+    assert mem.vllm_activation_bytes(h100.model, 8192, 1024, h100.coefficients["vllm_sampler_copies"]) == sampler
     eager = predict("qwen3-0.6b", "h100-sxm", "BF16", 16384, "vllm", coefficients=None, launch=False,
                     enforce_eager=True)
     assert h100.values["runtime_bytes"] - eager.values["runtime_bytes"] == pytest.approx(
