@@ -87,11 +87,12 @@ def serving_levels(runs_dirs: Iterable[str | Path], coefficients: Any = "default
             for level in serving.get("levels") or []:
                 if not level.get("completed"):
                     continue
+                figures = level_figures(level)
                 entry = {"run": record["id"], "series": record["id"], "engine": serving_key(config["engine"], server),
                          "device": row["device"], "device_id": scenario.device.id, "model": row["model_key"], "mode": mode,
                          "concurrency": None, "max_num_seqs": max_num_seqs,
-                         "output_tokens": int(serving["output_tokens"]), "measured": level_figures(level),
-                         "raw": level_figures(level), "rounds": list(level.get("rounds") or [])}
+                         "output_tokens": int(serving["output_tokens"]), "measured": dict(figures), "raw": figures,
+                         "rounds": list(level.get("rounds") or [])}
                 if level.get("concurrency") is not None:
                     entry["concurrency"] = int(level["concurrency"])
                     entry["times"] = step_times(scenario, level["concurrency"], serving["output_tokens"], coefficients,
@@ -156,17 +157,17 @@ def normalized(entries: list[dict[str, Any]], reference: list[Mapping[str, Any]]
     rounds the median falls on. ``raw`` keeps the plain median of the rounds (:func:`level_figures`). Unchanged
     where the levels have no rounds in common."""
     factors = round_factors(reference)
+    count = len(reference[0]["rounds"]) if factors is not None else None
     out = []
     for entry in entries:
         copy = dict(entry)
-        if factors is not None and len(entry.get("rounds") or []) == len(next(iter(factors.values()), [])):
-            measured = dict(entry["raw"])
-            for figure, key in ROUND_FIGURES.items():
-                values = [v / f for v, f in zip(_round_values(entry, key), factors.get(figure, []), strict=False)
+        if count is not None and len(entry.get("rounds") or []) == count:
+            copy["measured"] = dict(entry["raw"])
+            for figure, per_round in factors.items():
+                values = [v / f for v, f in zip(_round_values(entry, ROUND_FIGURES[figure]), per_round, strict=True)
                           if v is not None]
-                if values and figure in factors:
-                    measured[figure] = float(np.median(values))
-            copy["measured"] = measured
+                if values:
+                    copy["measured"][figure] = float(np.median(values))
         out.append(copy)
     return out
 
@@ -493,12 +494,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {label:9} concurrency {c['concurrency']}: output tok/s {out['measured']:.1f} measured, "
                           f"{out['predicted']:.1f} predicted ({out['error']:+.1%}); TTFT p50 {ttft['measured']:.0f} ms "
                           f"measured, {ttft['predicted']:.0f} predicted ({ttft['error']:+.1%})")
-                    if label == "held out" and (out.get("median_of_rounds"), ttft.get("median_of_rounds")) \
-                            != (out["measured"], ttft["measured"]):
-                        raw_out, raw_ttft = out["median_of_rounds"], ttft["median_of_rounds"]
+                    raw_out, raw_ttft = out["median_of_rounds"], ttft["median_of_rounds"]
+                    if label == "held out" and (raw_out, raw_ttft) != (out["measured"], ttft["measured"]):
                         print(f"  {'':9} {'':13}{len(str(c['concurrency'])) * ' '}  plain median of its rounds: output "
-                              f"tok/s {raw_out:.1f} ({out['predicted'] / raw_out - 1:+.1%}); TTFT p50 {raw_ttft:.0f} ms "
-                              f"({ttft['predicted'] / raw_ttft - 1:+.1%})")
+                              f"tok/s {raw_out:.1f} ({_error(out['predicted'], raw_out):+.1%}); TTFT p50 "
+                              f"{raw_ttft:.0f} ms ({_error(ttft['predicted'], raw_ttft):+.1%})")
             rate_label = "fitted" if fit.get("request_rates_fitted") else "never fitted"
             for label, checks in ((rate_label, fit["request_rates"]), ("held out", fit.get("request_rates_held_out", []))):
                 for c in checks:

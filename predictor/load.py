@@ -8,8 +8,8 @@ of all B, compute once the batch is large). What the server adds is calibrated f
 (:mod:`calibration.serving`; neutral where none was measured): ``prefill_scale`` (k, on the prefill: the server's
 prompt path against the harness's), ``decode_scale`` (d, on each decode step: the server's step against the
 harness's; a server that runs one request at a time keeps 1, its step overhead says the same),
-``step_overhead_ms`` per decode step (scheduling, streaming), ``seq_overhead_ms`` per sequence per step (sampling, detokenizing, one event per sequence) and
-``request_overhead_ms`` per request (HTTP, tokenizing, bookkeeping).
+``step_overhead_ms`` per decode step (scheduling, streaming), ``seq_overhead_ms`` per sequence per step (sampling,
+detokenizing, one event per sequence) and ``request_overhead_ms`` per request (HTTP, tokenizing, bookkeeping).
 
 - **One request at a time** (llama-cpp-python's server: one ``Llama``, requests served in turn). The engine's
   service time for a request is ``S = k prefill_s + (n - 1) (step(1) + o_step)``; the request's own overhead
@@ -265,10 +265,10 @@ def rate_figures(mode: str, request_rate: float, output_tokens: int, prefill_s: 
                  decode_scale: float = 1.0) -> dict[str, Any]:
     """Throughput and TTFT / TPOT / end-to-end distributions (mean, p50, p90, p99, ms) of Poisson arrivals at
     ``request_rate``, simulated over ``requests`` requests (the first ``warmup`` left out). ``step_s(B)``: one decode
-    step of B sequences, seconds (before ``decode_scale``). ``capacity`` is the most requests per second the server completes (saturated:
-    ``max_num_seqs`` in flight, or one at a time); at or above it queues grow without bound, and the figures are
-    None with ``saturated`` true, unless ``steady_state`` is False: then the ``requests`` arrivals are simulated
-    all the same (a finite measured level, whose queue grows only so far)."""
+    step of B sequences, seconds (before ``decode_scale``). ``capacity`` is the most requests per second the server
+    completes (saturated: ``max_num_seqs`` in flight, or one at a time); at or above it queues grow without bound,
+    and the figures are None with ``saturated`` true, unless ``steady_state`` is False: then the ``requests``
+    arrivals are simulated all the same (a finite measured level, whose queue grows only so far)."""
     n = max(int(output_tokens), 1)
     o_step, o_seq, o_req = step_overhead_ms / 1000.0, seq_overhead_ms / 1000.0, request_overhead_ms / 1000.0
     prefill = prefill_scale * prefill_s
