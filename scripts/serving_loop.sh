@@ -5,7 +5,7 @@
 #
 #   scripts/serving_loop.sh RUNS_DIR
 #
-# About 3-4.5 minutes on 2 cores (eight interleaved rounds of each level). Prints the figures; fails only when a step
+# About 2.5-4 minutes on 2 cores (eight interleaved rounds of each level). Prints the figures; fails only when a step
 # fails (a noisy 2-core machine is no place for an accuracy gate on latencies).
 set -euo pipefail
 

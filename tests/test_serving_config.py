@@ -39,6 +39,10 @@ def test_the_serve_table_gets_its_defaults_and_sizes_the_batch():
     ({"rounds": 0}, "serve.rounds must be positive"),
     ({"rounds": 1.5}, "serve.rounds must be"),
     ({"users": 3}, "serve has no option 'users'"),
+    ({"rate_requests": 0}, "serve.rate_requests must be positive"),
+    ({"range_ratio": 1}, "serve.range_ratio must be below 1"),
+    ({"range_ratio": -0.2}, "serve.range_ratio must be zero or positive"),
+    ({"range_ratio": "wide"}, "serve.range_ratio must be a number"),
     ({"server": 3}, "serve.server must be a server's name"),
     ({"server": "vllm"}, "serve.server 'vllm' does not serve llama.cpp"),
     ("4", "serve: '4' is not of type 'object'"),
@@ -46,6 +50,27 @@ def test_the_serve_table_gets_its_defaults_and_sizes_the_batch():
 def test_a_bad_serve_table_is_refused_by_name(serve, message):
     with pytest.raises(BenchcalError, match=message):
         prepare_config({**BASE, "serve": serve})
+
+
+def test_a_range_ratio_draws_each_requests_lengths_around_the_runs_as_vllm_bench_does():
+    import random
+
+    from harness import records
+    from harness.serving.config import request_lengths
+
+    # vllm bench serve --random-range-ratio 0.5 around 32 tokens: 16 to 48, uniformly
+    drawn = request_lengths(32, 0.5, 2000, random.Random(7))
+    assert min(drawn) == 16 and max(drawn) == 48 and 31 < sum(drawn) / len(drawn) < 33
+    assert drawn == request_lengths(32, 0.5, 2000, random.Random(7))  # the record's seed replays it
+    assert request_lengths(3, 0.9, 50, random.Random(1)) and min(request_lengths(3, 0.9, 50, random.Random(1))) == 1
+    # without one every request is the run's length, and the draw is not touched (the prompts stay as before)
+    rng = random.Random(7)
+    assert request_lengths(32, 0.0, 5, rng) == [32] * 5 and rng.random() == random.Random(7).random()
+    # the option is kept only where it draws: a serve table without it is the same run as before
+    assert "range_ratio" not in prepare_config({**BASE, "serve": {}})["serve"]
+    wide = prepare_config({**BASE, "serve": {"range_ratio": 0.5}})
+    assert wide["serve"]["range_ratio"] == 0.5
+    assert records.config_hash(wide) != records.config_hash(prepare_config({**BASE, "serve": {}}))
 
 
 def test_an_engine_without_a_server_or_a_run_without_tokens_is_refused_before_anything_runs():

@@ -99,6 +99,47 @@ def test_levels_run_in_interleaved_rounds_are_summed_and_each_round_kept(cache, 
     assert rate["request_rate"] == 20 and rate["arrival_seed"] is not None  # one draw, replayed in each round
 
 
+def _drawn(record) -> list[tuple[int, int]]:
+    """Each level's prompt and output tokens over its rounds, as the run drew them from the record's seed."""
+    import random
+
+    from harness.serving.config import level_requests, request_lengths
+
+    serve, serving = record["config"]["serve"], record["measurements"]["serving"]
+    counts = [level_requests(serve, level["request_rate"]) for level in serving["levels"]]
+    total = serve["warmup"] + sum(counts) * serve["rounds"]
+    draw = random.Random(serving["seed"])
+    prompts = request_lengths(serving["prompt_tokens"], serving["range_ratio"], total, draw)
+    outputs = request_lengths(serving["output_tokens"], serving["range_ratio"], total, draw)
+    taken: list[list[int]] = [[] for _ in counts]  # the payloads each level sent: warm-up first, then round by round
+    offset = serve["warmup"]
+    for _turn in range(serve["rounds"]):
+        for k, count in enumerate(counts):
+            taken[k] += range(offset, offset + count)
+            offset += count
+    return [(sum(prompts[i] for i in sent), sum(outputs[i] for i in sent)) for sent in taken]
+
+
+def test_a_range_ratio_sends_each_request_the_lengths_drawn_for_it(cache, tmp_path):
+    record, _ = run_serving({**LLAMA, "serve": {"server": "llama-cpp-python", "concurrency": [2], "request_rate": [50],
+                                                "requests": 6, "rate_requests": 3, "rounds": 2, "warmup": 1,
+                                                "range_ratio": 0.5}}, tmp_path / "runs", say=lambda m: None)
+    assert record["status"] == "ok", record["reason"]
+    serving = record["measurements"]["serving"]
+    assert serving["range_ratio"] == 0.5 and record["config"]["serve"]["range_ratio"] == 0.5
+    # 16-48 prompt and 4-12 output tokens a request: the server generated exactly the tokens drawn for each, and the
+    # prompts are the lengths drawn (the server's tokenizer sized them); the rate level sends its own count
+    for level, (prompts, outputs), count in zip(serving["levels"], _drawn(record), (12, 6), strict=True):
+        assert level["completed"] == count and [r["completed"] for r in level["rounds"]] == [count // 2] * 2
+        assert level["output_tokens"] == outputs and level["prompt_tokens"] == prompts
+        assert len(level["itl_ms"]["samples"]) == outputs - count
+        assert outputs != count * 8 or prompts != count * 32
+    # the serving model is of fixed lengths: a run that drew them is measured, not fitted
+    from calibration.serving import fit_serving
+
+    assert fit_serving([tmp_path / "runs"]) == {}
+
+
 def test_llama_server_batches_its_slots_where_a_binary_exists(cache, tmp_path):
     from calibration.serving import fit_serving
     from harness.engines.llama_cpp.server import find_llama_server
@@ -136,17 +177,19 @@ def test_vllm_server_batches_concurrent_requests(cache, tmp_path):
     pytest.importorskip("vllm")
     cfg = {"model": "qwen2.5-0.5b", "engine": "vllm", "device": "cpu", "context": 512, "prompt_tokens": [32],
            "gen_tokens": 8, "arch_overrides": {"num_layers": 2, "vocab_size": 4096}, "engine_options": {"threads": 2},
-           "serve": {"concurrency": [1, 4], "requests": 4, "rounds": 2, "warmup": 1}}
+           "serve": {"concurrency": [1, 4], "requests": 4, "rounds": 2, "warmup": 1, "range_ratio": 0.25}}
     record, path = run_serving(cfg, tmp_path / "runs", say=lambda m: None, on_ready=_listeners("vllm"))
     assert record["status"] == "ok", record["reason"]
     # the API server and its engine processes listen on loopback only
     assert LISTENERS["vllm"] and all(addr.ip == "127.0.0.1" for addr in LISTENERS["vllm"]), LISTENERS["vllm"]
     one, four = record["measurements"]["serving"]["levels"]
-    for level in (one, four):  # two rounds of four requests
-        assert level["completed"] == 8 and level["output_tokens"] == 64 and level["prompt_tokens"] == 8 * 32
+    for level, (prompts, outputs) in zip((one, four), _drawn(record), strict=True):  # two rounds of four requests
+        # each request's lengths drawn from 24-40 prompt and 6-10 output tokens (range_ratio 0.25)
+        assert level["completed"] == 8 and level["output_tokens"] == outputs and level["prompt_tokens"] == prompts
         assert [r["completed"] for r in level["rounds"]] == [4, 4]
         # vLLM's own counters, over both rounds, agree with what the client received
-        assert level["server_metrics"]["generation_tokens"] == 64 and level["server_metrics"]["prompt_tokens"] == 256
+        assert level["server_metrics"]["generation_tokens"] == outputs
+        assert level["server_metrics"]["prompt_tokens"] == prompts
     assert record["config"]["batch"] == 4  # max_num_seqs: the most sequences in flight
     assert _closed(record["measurements"]["serving"]["port"])
     # the engine's threads sleep at their barriers: the front-end and the client share the host's cores

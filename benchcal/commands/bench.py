@@ -90,6 +90,9 @@ def register(subparsers: Any) -> None:
                        "llama_cpp.server; vLLM: vllm)")
     bench.add_argument("--rounds", type=positive_int, default=1, help="with --serve: run the levels this many times, "
                        "interleaved, each level's figures over all its rounds (default 1)")
+    bench.add_argument("--range-ratio", default=None, help="with --serve: each request's prompt and output lengths "
+                       "drawn uniformly from L x (1 - R) to L x (1 + R) around --prompt and --gen, as vllm bench "
+                       "serve's --random-range-ratio (0 to below 1; default 0, every request the same)")
     bench.add_argument("--trust-remote-code", action="store_true", help="allow a configuration's engine option "
                        "trust_remote_code (vLLM runs the model repository's own Python code); without this flag "
                        "such a configuration is refused")
@@ -192,8 +195,11 @@ def config_from_args(args: argparse.Namespace, device: str) -> dict[str, Any]:
         config["serve"] = {"concurrency": _levels(args.concurrency, "--concurrency", int),
                            "request_rate": _levels(args.request_rate, "--request-rate", float),
                            "requests": args.requests, "rounds": args.rounds, "server": args.server}
-    elif args.concurrency or args.request_rate or args.rounds != 1 or args.server:
-        raise BenchcalError("--concurrency, --request-rate, --rounds and --server describe a load: add --serve")
+        if args.range_ratio is not None:
+            config["serve"]["range_ratio"] = _ratio(args.range_ratio)
+    elif args.concurrency or args.request_rate or args.rounds != 1 or args.server or args.range_ratio is not None:
+        raise BenchcalError("--concurrency, --request-rate, --rounds, --range-ratio and --server describe a load: "
+                            "add --serve")
     return config
 
 
@@ -205,6 +211,14 @@ def _levels(text: str | None, flag: str, kind: type) -> list:
         return [kind(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise BenchcalError(f"{flag} takes comma-separated numbers, got {text!r}") from None
+
+
+def _ratio(text: str) -> float:
+    """--range-ratio's number (its range is checked with the rest of the serve table)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise BenchcalError(f"--range-ratio takes a number from 0 to below 1, got {text!r}") from None
 
 
 def _overrides(items: list[str]) -> dict[str, int]:

@@ -82,9 +82,10 @@ class ServerSetup:
         """The server's environment (``base`` plus what the engine reads)."""
         return dict(base)
 
-    def prompts(self, cfg: Mapping[str, Any], weights_path: str | None, base_url: str, n_tokens: int, count: int,
+    def prompts(self, cfg: Mapping[str, Any], weights_path: str | None, base_url: str, lengths: list[int],
                 seed: int) -> list[Any]:
-        """``count`` distinct prompts of exactly ``n_tokens`` tokens as the running server counts them."""
+        """Distinct prompts, one of exactly ``lengths[i]`` tokens as the running server counts them for each
+        length."""
         raise NotImplementedError
 
     def payload(self, prompt: Any, output_tokens: int) -> dict[str, Any]:

@@ -1,19 +1,22 @@
 """A run's ``serve`` table: the load levels and their bounds, checked and with defaults filled in.
 
-    serve = {server = "llama-server", concurrency = [1, 2, 4], request_rate = [], requests = 16, rounds = 1,
-             warmup = 2, duration_s = 300, request_timeout_s = 300, max_num_seqs = 4}
+    serve = {server = "llama-server", concurrency = [1, 2, 4], request_rate = [], requests = 16, rate_requests = 16,
+             rounds = 1, warmup = 2, duration_s = 300, request_timeout_s = 300, max_num_seqs = 4, range_ratio = 0}
 
 ``server``: which server runs the engine (llama.cpp: ``llama-server``, its own binary, the default where one exists
 (``$BENCHCAL_LLAMA_SERVER``, else on PATH), or ``llama-cpp-python``, the bindings' ``llama_cpp.server``; vLLM:
 ``vllm``), resolved with the engine when the run is prepared; ``concurrency``: levels of that many requests in
 flight; ``request_rate``: levels of Poisson arrivals at that many requests per second; ``requests``: the requests
-of each level in each round; ``rounds``: how many times the levels run, interleaved (1, 2, 4, 1, 2, 4, ...), each
+of each level in each round (``rate_requests``: of each request-rate level, default ``requests``); ``rounds``: how many times the levels run, interleaved (1, 2, 4, 1, 2, 4, ...), each
 level's figures taken over all its rounds' requests (a drift of the host during the run then falls on every level
 alike; a request-rate level replays the same arrivals in each round); ``warmup``: requests sent one at a time
 before the first level, not recorded; ``duration_s``: no request of a level starts after this many seconds (in
 each round); ``max_num_seqs``: the most sequences the server holds at once (default: the highest concurrency, 16
-with request rates only), which is the run's ``batch``. A serving run measures ``prompt_tokens[0]``-token prompts
-generating ``gen_tokens`` tokens each.
+with request rates only), which is the run's ``batch``; ``range_ratio`` (default 0, below 1): each request's
+prompt and output lengths are drawn uniformly from ``[int(L x (1 - r)), int(L x (1 + r))]`` around the run's lengths,
+as ``vllm bench serve --random-range-ratio`` draws them (at least one token each; the draw's seed is the record's
+``measurements.serving.seed``). A serving run measures ``prompt_tokens[0]``-token prompts generating ``gen_tokens``
+tokens each (their means with a ``range_ratio``).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from typing import Any
 
 from predictor.errors import BenchcalError
 
-SERVE_KEYS = ("server", "concurrency", "request_rate", "requests", "rounds", "warmup", "duration_s",
-              "request_timeout_s", "max_num_seqs")
+SERVE_KEYS = ("server", "concurrency", "request_rate", "requests", "rate_requests", "rounds", "warmup", "duration_s",
+              "request_timeout_s", "max_num_seqs", "range_ratio")
 DEFAULT_RATE_ONLY_SEQS = 16
 
 
@@ -71,7 +74,7 @@ def normalize_serve(serve: Any) -> dict[str, Any]:
     server = serve.get("server")
     if server is not None and not isinstance(server, str):
         raise BenchcalError(f"serve.server must be a server's name, got {server!r}")
-    return {
+    out = {
         "server": server,
         "concurrency": concurrency,
         "request_rate": rates,
@@ -83,3 +86,31 @@ def normalize_serve(serve: Any) -> dict[str, Any]:
         "max_num_seqs": _positive(serve, "max_num_seqs", 0, int) if seqs is not None
         else (max(concurrency) if concurrency else DEFAULT_RATE_ONLY_SEQS),
     }
+    if serve.get("rate_requests") is not None:  # kept only where set, as range_ratio
+        out["rate_requests"] = _positive(serve, "rate_requests", 0, int)
+    ratio = _ratio(serve)
+    if ratio:  # kept only where lengths are drawn: a table without one names the same run as before the option
+        out["range_ratio"] = ratio
+    return out
+
+
+def level_requests(serve: Mapping[str, Any], request_rate: float | None) -> int:
+    """The requests of one level in each round: ``rate_requests`` for a request-rate level where set, else
+    ``requests``."""
+    if request_rate is not None and serve.get("rate_requests"):
+        return int(serve["rate_requests"])
+    return int(serve["requests"])
+
+
+def _ratio(serve: Mapping[str, Any]) -> float:
+    ratio = _positive(serve, "range_ratio", 0.0, zero=True)
+    if ratio >= 1.0:
+        raise BenchcalError(f"serve.range_ratio must be below 1 (lengths of L x (1 - r) to L x (1 + r)), got {ratio!r}")
+    return ratio
+
+
+def request_lengths(length: int, ratio: float, count: int, rng: Any) -> list[int]:
+    """``count`` lengths drawn uniformly from ``[int(length x (1 - ratio)), int(length x (1 + ratio))]`` (at least
+    1; every one ``length`` when ``ratio`` is 0) with ``rng`` (a :class:`random.Random`)."""
+    low, high = max(1, int(length * (1.0 - ratio))), max(1, int(length * (1.0 + ratio)))
+    return [rng.randint(low, high) if high > low else low for _ in range(count)]

@@ -134,14 +134,22 @@ async def run_level(
     timeout_s: float = 300.0,
     seed: int = 0,
     keep_events: bool = False,
+    prompt_tokens: Callable[[int], int] | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Send ``requests`` requests at a fixed ``concurrency`` or Poisson ``request_rate`` (exactly one of the two);
-    no request starts after ``duration_s``. Returns every request's result and the level's wall time."""
+    no request starts after ``duration_s``. Returns every request's result and the level's wall time.
+    ``prompt_tokens(i)``: request ``i``'s prompt length, where the server's stream does not count it."""
     if (concurrency is None) == (request_rate is None):
         raise ValueError("a level has either a concurrency or a request rate")
     results: list[RequestResult] = []
     start = time.perf_counter()
     stop_at = start + duration_s
+
+    async def send(i: int) -> None:
+        result = await stream_request(url, payload(i), timeout_s, keep_events)
+        if result.prompt_tokens is None and prompt_tokens is not None:
+            result.prompt_tokens = prompt_tokens(i)
+        results.append(result)
     if concurrency is not None:
         counter = iter(range(requests))
 
@@ -149,7 +157,7 @@ async def run_level(
             for i in counter:
                 if time.perf_counter() > stop_at:
                     return
-                results.append(await stream_request(url, payload(i), timeout_s, keep_events))
+                await send(i)
 
         await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, requests)))))
     else:
@@ -158,7 +166,7 @@ async def run_level(
             if delay > 0:
                 await asyncio.sleep(delay)
             if time.perf_counter() <= stop_at:
-                results.append(await stream_request(url, payload(i), timeout_s, keep_events))
+                await send(i)
 
         from predictor.load import poisson_offsets  # the draw the serving model simulates
 

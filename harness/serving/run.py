@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -23,6 +24,7 @@ from harness.engines import engine_setup
 from harness.engines.base import classify_failure, engine_class
 from harness.engines.runner import install_sigterm, restore_sigterm
 from harness.runconfig import log_path_for, prepare_config, prepare_weights
+from harness.serving.config import level_requests, request_lengths
 from harness.serving.loadgen import level_summary, run_level
 from harness.serving.server import ServerFailed, ServerProcess, free_port, read_metrics
 from predictor.errors import BenchcalError
@@ -184,10 +186,14 @@ def run_serving(
             if on_ready is not None:
                 on_ready(process)
             rounds = int(serve.get("rounds") or 1)
-            total = serve["warmup"] + serve["requests"] * len(levels) * rounds
-            prompts = server.prompts(cfg, weights_path, process.base_url, prompt_tokens, total, rng_seed)
+            counts = [level_requests(serve, level["request_rate"]) for level in levels]
+            total = serve["warmup"] + sum(counts) * rounds
+            draw = random.Random(rng_seed)  # each request's lengths (all the run's own without a range_ratio)
+            prompt_lengths = request_lengths(prompt_tokens, serve.get("range_ratio", 0.0), total, draw)
+            output_lengths = request_lengths(output_tokens, serve.get("range_ratio", 0.0), total, draw)
+            prompts = server.prompts(cfg, weights_path, process.base_url, prompt_lengths, rng_seed)
             url = process.base_url + "/v1/completions"
-            payloads = [server.payload(p, output_tokens) for p in prompts]
+            payloads = [server.payload(p, n) for p, n in zip(prompts, output_lengths, strict=True)]
             if serve["warmup"]:
                 tell(f"serving {cfg['model']} with {cfg['engine']}: {serve['warmup']} warm-up request(s)")
                 asyncio.run(run_level(url, lambda i: payloads[i], requests=serve["warmup"], concurrency=1,
@@ -199,16 +205,17 @@ def run_serving(
                              else f"{level['request_rate']:g} requests/s")
                     if rounds > 1:
                         label += f" (round {turn + 1} of {rounds})"
-                    tell(f"serving {cfg['model']} with {cfg['engine']}: {label}, {serve['requests']} requests")
+                    tell(f"serving {cfg['model']} with {cfg['engine']}: {label}, {counts[index]} requests")
                     base = offset
                     # a request-rate level replays its first round's arrivals (the Poisson draw's seed) in each round
                     arrivals = done[index][0]["seed"] if done[index] else rng_seed + base
                     with _MetricsWatch(process.base_url, server.metrics_path) as watch:
                         results, wall = asyncio.run(run_level(
-                            url, lambda i, base=base: payloads[base + i], requests=serve["requests"],
+                            url, lambda i, base=base: payloads[base + i], requests=counts[index],
                             concurrency=level["concurrency"], request_rate=level["request_rate"],
-                            duration_s=serve["duration_s"], timeout_s=serve["request_timeout_s"], seed=arrivals))
-                    offset += serve["requests"]
+                            duration_s=serve["duration_s"], timeout_s=serve["request_timeout_s"], seed=arrivals,
+                            prompt_tokens=lambda i, base=base: prompt_lengths[base + i]))
+                    offset += counts[index]
                     done[index].append({"results": results, "wall": wall, "seed": arrivals,
                                         "metrics": watch.summary(), "peak": process.memory().get("peak_bytes")})
     except ServerFailed as exc:
@@ -234,7 +241,8 @@ def run_serving(
     record = records.new_record(
         cfg, status=status, reason=reason, memory=memory, provenance=provenance, log_tail=tail,
         measurements={"serving": {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-                                  "startup_s": startup_s, "port": port, "seed": rng_seed, "levels": measured}},
+                                  "range_ratio": serve.get("range_ratio", 0.0), "startup_s": startup_s, "port": port,
+                                  "seed": rng_seed, "levels": measured}},
         prediction=None, prediction_reason="the predictor has no serving model yet",
     )
     path = records.store_record(records.sanitize_record(record), root, say=tell)

@@ -44,10 +44,10 @@ class LlamaCppServer(ServerSetup):
                 "--type_v", str(KV_TYPES[kv]), "--cache", "false", "--interrupt_requests", "false",
                 "--disable_ping_events", "true", "--verbose", "true"]
 
-    def prompts(self, cfg: Mapping[str, Any], weights_path: str | None, base_url: str, n_tokens: int, count: int,
+    def prompts(self, cfg: Mapping[str, Any], weights_path: str | None, base_url: str, lengths: list[int],
                 seed: int) -> list[Any]:
         rng = random.Random(seed)
-        return [self._sized_text(base_url, n_tokens, rng) for _ in range(count)]
+        return [self._sized_text(base_url, n_tokens, rng) for n_tokens in lengths]
 
     def _sized_text(self, base_url: str, n_tokens: int, rng: random.Random) -> str:
         """Random letters grown or trimmed until the server's tokenizer counts ``n_tokens`` tokens."""
@@ -130,17 +130,18 @@ class LlamaServerBinary(ServerSetup):
                 "--flash-attn", "on" if options.get("flash_attn") else "off", "--cache-type-k", kv,
                 "--cache-type-v", kv, "--metrics", "--no-webui"]
 
-    def prompts(self, cfg: Mapping[str, Any], weights_path: str | None, base_url: str, n_tokens: int, count: int,
+    def prompts(self, cfg: Mapping[str, Any], weights_path: str | None, base_url: str, lengths: list[int],
                 seed: int) -> list[Any]:
-        """Windows of ``n_tokens`` ids from the server's tokenization of random words (ordinary tokens only)."""
+        """Windows of each length's ids from the server's tokenization of random words (ordinary tokens only)."""
         rng = random.Random(seed)
+        longest = max(lengths, default=1)
         words = " ".join("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9)))
-                         for _ in range(max(64, 2 * n_tokens)))
+                         for _ in range(max(64, 2 * longest)))
         pool = _llama_server_tokenize(base_url, words)
-        if len(pool) < n_tokens:
-            raise BenchcalError(f"the server's tokenizer gave {len(pool)} tokens, fewer than the {n_tokens} asked for")
+        if len(pool) < longest:
+            raise BenchcalError(f"the server's tokenizer gave {len(pool)} tokens, fewer than the {longest} asked for")
         out = []
-        for _ in range(count):
+        for n_tokens in lengths:
             start = rng.randrange(0, len(pool) - n_tokens + 1)
             out.append(pool[start:start + n_tokens])
         return out

@@ -68,13 +68,14 @@ class VllmServer(ServerSetup):
             env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         return env
 
-    def prompts(self, cfg: Mapping[str, Any], weights_path: str | None, base_url: str, n_tokens: int, count: int,
+    def prompts(self, cfg: Mapping[str, Any], weights_path: str | None, base_url: str, lengths: list[int],
                 seed: int) -> list[Any]:
-        """Random ordinary token ids of the model's vocabulary (its special ids left out)."""
+        """Random ordinary token ids of the model's vocabulary (its special ids left out), one prompt per length."""
         _dir, _format, hf_config = _model(cfg, weights_path)
         vocab = int(hf_text_config(hf_config)["vocab_size"])
         rng = random.Random(seed)
-        return [random_token_ids(n_tokens, vocab, rng, sorted(special_token_ids(hf_config))) for _ in range(count)]
+        specials = sorted(special_token_ids(hf_config))
+        return [random_token_ids(n_tokens, vocab, rng, specials) for n_tokens in lengths]
 
     def payload(self, prompt: Any, output_tokens: int) -> dict[str, Any]:
         return {"model": SERVED_NAME, "prompt": prompt, "max_tokens": output_tokens, "min_tokens": output_tokens,
