@@ -7,9 +7,10 @@
 (``$BENCHCAL_LLAMA_SERVER``, else on PATH), or ``llama-cpp-python``, the bindings' ``llama_cpp.server``; vLLM:
 ``vllm``), resolved with the engine when the run is prepared; ``concurrency``: levels of that many requests in
 flight; ``request_rate``: levels of Poisson arrivals at that many requests per second; ``requests``: the requests
-of each level in each round (``rate_requests``: of each request-rate level, default ``requests``); ``rounds``: how many times the levels run, interleaved (1, 2, 4, 1, 2, 4, ...), each
-level's figures taken over all its rounds' requests (a drift of the host during the run then falls on every level
-alike; a request-rate level replays the same arrivals in each round); ``warmup``: requests sent one at a time
+of each level in each round (``rate_requests``: of each request-rate level, default ``requests``); ``rounds``: how
+many times the levels run, interleaved (1, 2, 4, 1, 2, 4, ...), each level's figures taken over all its rounds'
+requests (a drift of the host during the run then falls on every level alike; a request-rate level replays the same
+arrivals in each round); ``warmup``: requests sent one at a time
 before the first level, not recorded; ``duration_s``: no request of a level starts after this many seconds (in
 each round); ``max_num_seqs``: the most sequences the server holds at once (default: the highest concurrency, 16
 with request rates only), which is the run's ``batch``; ``range_ratio`` (default 0, below 1): each request's
