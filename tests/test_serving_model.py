@@ -278,6 +278,20 @@ def test_report_shows_serving_runs_measured_against_predicted(capsys, tmp_path):
     assert out.read_text().count("<svg") == 4  # throughput and TTFT against the requests in flight, per engine
 
 
+def test_report_lists_runs_with_drawn_lengths_as_measured_only(capsys):
+    from benchcal.cli import main
+
+    drawn = Path(__file__).parent / "data" / "serving" / "drawn"
+    assert main(["report", "--runs-dir", str(drawn), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    (row,) = data["serving_drawn_lengths"]
+    assert row["range_ratio"] == 0.5 and row["concurrency"] == 2 and row["completed"] == 4
+    assert row["engine"] == "llama.cpp" and row["output_tok_s"] > 0 and row["ttft_ms"] > 0
+    assert "serving" not in data  # no fit: the serving model is of fixed lengths
+    assert main(["report", "--runs-dir", str(SERVING_RECORDS), "--format", "json"]) == 0
+    assert "serving_drawn_lengths" not in json.loads(capsys.readouterr().out)
+
+
 def test_predict_html_draws_the_load_curves(tmp_path):
     from benchcal.cli import main
 
