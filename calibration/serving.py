@@ -39,6 +39,7 @@ from scipy.optimize import least_squares, nnls
 from calibration.features import run_arch, run_device
 from calibration.observations import run_row
 from harness import records
+from harness.serving.config import level_requests
 from predictor.errors import BenchcalError
 from predictor.load import (
     DEFAULT_MAX_NUM_SEQS,
@@ -99,8 +100,7 @@ def serving_levels(runs_dirs: Iterable[str | Path], coefficients: Any = "default
                                                 max_num_seqs)
                 elif level.get("request_rate"):
                     # the arrivals drawn: the serve table's requests (each round of the level replays them)
-                    drawn = int(config["serve"].get("rate_requests") or config["serve"].get("requests")
-                                or level["requests"])
+                    drawn = level_requests(config["serve"], level["request_rate"])
                     largest = 1 if mode == "serial" else min(int(max_num_seqs or DEFAULT_MAX_NUM_SEQS), drawn)
                     entry.update({"request_rate": float(level["request_rate"]), "requests": drawn,
                                   "arrival_seed": level.get("arrival_seed"),
@@ -180,6 +180,14 @@ def drawn_lengths(record: Mapping[str, Any]) -> bool:
     output tokens/s 9-17% high in-sample at 2-8 in flight)."""
     serving = (record.get("measurements") or {}).get("serving") or {}
     return float(serving.get("range_ratio") or 0.0) > 0.0
+
+
+def drawn_length_runs(runs_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
+    """The ok serving runs under ``runs_dirs`` that drew their lengths (:func:`drawn_lengths`): the fit leaves them
+    out, the report lists them as measured."""
+    return [stored.record for root in runs_dirs
+            for stored in records.iter_records(root, on_error=lambda path, message: None)
+            if stored.record.get("status") == "ok" and drawn_lengths(stored.record)]
 
 
 def level_figures(level: Mapping[str, Any]) -> dict[str, float | None]:
@@ -491,9 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(fits, indent=1))
         return 0
-    drawn = [stored.record["id"] for root in args.runs_dirs
-             for stored in records.iter_records(root, on_error=lambda path, message: None)
-             if stored.record.get("status") == "ok" and drawn_lengths(stored.record)]
+    drawn = [record["id"] for record in drawn_length_runs(args.runs_dirs)]
     if drawn:
         print(f"note: {len(drawn)} serving run(s) with drawn lengths (serve.range_ratio) left out: the serving model "
               f"is of fixed lengths ({', '.join(drawn)})")

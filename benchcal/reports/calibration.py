@@ -190,31 +190,26 @@ def _add_drawn_lengths(rep: Report, runs_dirs) -> None:
     """Serving runs that drew each request's lengths (``serve.range_ratio``): each level as measured (median of its
     rounds where it ran in several), with no prediction: the serving model is of fixed lengths and does not fit them
     (:func:`calibration.serving.drawn_lengths`)."""
-    from calibration.serving import drawn_lengths, level_figures
-    from harness import records
+    from calibration.serving import drawn_length_runs, level_figures
     from predictor.load import serving_key
 
     rows, data = [], []
-    for root in runs_dirs:
-        for stored in records.iter_records(root, on_error=lambda path, message: None):
-            record = stored.record
-            if record.get("status") != "ok" or not drawn_lengths(record):
+    for record in drawn_length_runs(runs_dirs):
+        config, serving = record["config"], record["measurements"]["serving"]
+        engine = serving_key(config["engine"], (config.get("serve") or {}).get("server"))
+        device = (record.get("provenance") or {}).get("host_id") or config.get("device")
+        for level in serving.get("levels") or []:
+            if not level.get("completed"):
                 continue
-            config, serving = record["config"], record["measurements"]["serving"]
-            engine = serving_key(config["engine"], (config.get("serve") or {}).get("server"))
-            device = (record.get("provenance") or {}).get("host_id") or config.get("device")
-            for level in serving.get("levels") or []:
-                if not level.get("completed"):
-                    continue
-                load = (f"concurrency {level['concurrency']}" if level.get("concurrency") is not None
-                        else f"{level['request_rate']:g} requests/s")
-                figures = level_figures(level)
-                rows.append([record["id"], engine, device, serving["range_ratio"], load, level["completed"],
-                             _round(figures["output_tok_s"], 1), _round(figures["ttft_ms"], 1),
-                             _round(figures["tpot_ms"], 2)])
-                data.append({"run": record["id"], "engine": engine, "device": device,
-                             "range_ratio": serving["range_ratio"], "concurrency": level.get("concurrency"),
-                             "request_rate": level.get("request_rate"), "completed": level["completed"], **figures})
+            load = (f"concurrency {level['concurrency']}" if level.get("concurrency") is not None
+                    else f"{level['request_rate']:g} requests/s")
+            figures = level_figures(level)
+            rows.append([record["id"], engine, device, serving["range_ratio"], load, level["completed"],
+                         _round(figures["output_tok_s"], 1), _round(figures["ttft_ms"], 1),
+                         _round(figures["tpot_ms"], 2)])
+            data.append({"run": record["id"], "engine": engine, "device": device,
+                         "range_ratio": serving["range_ratio"], "concurrency": level.get("concurrency"),
+                         "request_rate": level.get("request_rate"), "completed": level["completed"], **figures})
     if not rows:
         return
     rep.add("Serving runs with drawn lengths: measured, not modelled", "table", rows,
