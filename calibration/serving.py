@@ -485,6 +485,58 @@ def _rate_parts(check: Mapping[str, Any]) -> list[str]:
     return parts
 
 
+STEP_GAP_MS = 0.5  # first tokens this close together came out of one engine step
+
+
+def first_wave_groups(timeline: list[list[float | None]], concurrency: int) -> list[list[int]] | None:
+    """The requests of a round's first wave (the ``concurrency`` it sends together, :func:`harness.serving.run`'s
+    ``timeline_ms``) in the groups whose first tokens came together (within :data:`STEP_GAP_MS`: one engine step),
+    earliest first, as indices in the order sent; None where one of them has no TTFT."""
+    wave = timeline[:concurrency]
+    if not wave or any(sent is None or ttft is None for sent, ttft, _ in wave):
+        return None
+    order = sorted(range(len(wave)), key=lambda i: wave[i][0] + wave[i][1])
+    groups: list[list[int]] = []
+    last = None
+    for i in order:
+        at = wave[i][0] + wave[i][1]
+        if last is None or at - last > STEP_GAP_MS:
+            groups.append([])
+        groups[-1].append(i)
+        last = at
+    return groups
+
+
+def timeline_summary(runs_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
+    """Per closed-loop level of every ok serving run that kept its requests' timeline: how each round's first wave
+    came out of the server (the sizes of its groups of first tokens, :func:`first_wave_groups`) and the median over
+    the rounds of the first group's TTFT and of the others' (each round's median)."""
+    out = []
+    for root in runs_dirs:
+        for stored in records.iter_records(root, on_error=lambda path, message: None):
+            record = stored.record
+            if record.get("status") != "ok" or not (record.get("config") or {}).get("serve"):
+                continue
+            for level in ((record.get("measurements") or {}).get("serving") or {}).get("levels") or []:
+                c = level.get("concurrency")
+                if not c or not level.get("timeline_ms"):
+                    continue
+                shapes, lead, rest = [], [], []
+                for timeline in level["timeline_ms"]:
+                    groups = first_wave_groups(timeline, int(c))
+                    if groups is None:
+                        continue
+                    shapes.append("+".join(str(len(g)) for g in groups))
+                    lead.append(float(np.median([timeline[i][1] for i in groups[0]])))
+                    others = [timeline[i][1] for g in groups[1:] for i in g]
+                    if others:
+                        rest.append(float(np.median(others)))
+                out.append({"run": record["id"], "engine": record["config"]["engine"], "concurrency": int(c),
+                            "first_wave": shapes, "first_group_ttft_ms": float(np.median(lead)) if lead else None,
+                            "others_ttft_ms": float(np.median(rest)) if rest else None})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m calibration.serving RUNS_DIR...``: fit the serving model over the runs' serving runs and print
     each engine's terms with the in-sample and held-out (highest concurrency) errors; JSON with ``--json``."""
@@ -494,7 +546,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m calibration.serving", description=main.__doc__)
     parser.add_argument("runs_dirs", nargs="+")
     parser.add_argument("--json", action="store_true", help="print the fit as JSON")
+    parser.add_argument("--timeline", action="store_true",
+                        help="print how each closed-loop level's first wave of requests came out of the server "
+                             "(which requests got their first tokens from one step) instead of fitting")
     args = parser.parse_args(argv)
+    if args.timeline:
+        found = timeline_summary(args.runs_dirs)
+        if not found:
+            print("no serving run with a request timeline under " + ", ".join(args.runs_dirs))
+            return 1
+        for item in found:
+            lead, rest = item["first_group_ttft_ms"], item["others_ttft_ms"]
+            print(f"{item['engine']} {item['run']} concurrency {item['concurrency']}: first wave's groups of first "
+                  f"tokens per round {' '.join(item['first_wave'])}; TTFT of the first group "
+                  + (f"{lead:.1f} ms" if lead is not None else "none")
+                  + (f", of the others {rest:.1f} ms" if rest is not None else "") + " (median of the rounds)")
+        return 0
     fits = fit_serving(args.runs_dirs)
     if args.json:
         print(json.dumps(fits, indent=1))

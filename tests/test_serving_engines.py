@@ -95,6 +95,17 @@ def test_levels_run_in_interleaved_rounds_are_summed_and_each_round_kept(cache, 
         figures = level_figures(level)
         assert figures["ttft_ms"] == pytest.approx((rounds[0]["ttft_p50_ms"] + rounds[1]["ttft_p50_ms"]) / 2)
         assert figures["output_tok_s"] == pytest.approx((rounds[0]["output_tok_s"] + rounds[1]["output_tok_s"]) / 2)
+        # each round's requests in the order sent: when, TTFT and end-to-end, the samples the level summarizes
+        timeline = level["timeline_ms"]
+        assert [len(t) for t in timeline] == [3, 3] and all(t[0][0] == 0.0 for t in timeline)
+        assert all(a[0] <= b[0] for t in timeline for a, b in zip(t, t[1:]))
+        assert sorted(r[1] for t in timeline for r in t) == pytest.approx(level["ttft_ms"]["samples"], abs=1e-3)
+        assert sorted(r[2] for t in timeline for r in t) == pytest.approx(level["e2el_ms"]["samples"], abs=1e-3)
+        # a closed loop sends its next request when one ends
+        if level["concurrency"] == 2:
+            for t in timeline:
+                ends = sorted(sent + e2el for sent, _, e2el in t[:2])
+                assert t[2][0] == pytest.approx(ends[0], abs=5.0)
     rate = record["measurements"]["serving"]["levels"][1]
     assert rate["request_rate"] == 20 and rate["arrival_seed"] is not None  # one draw, replayed in each round
 

@@ -403,3 +403,41 @@ def test_the_held_out_level_is_read_with_the_fitted_levels_round_factors_only(tm
     assert a["ttft_p50_ms"]["predicted"] == b["ttft_p50_ms"]["predicted"]
     assert a["ttft_p50_ms"]["median_of_rounds"] == b["ttft_p50_ms"]["median_of_rounds"]
     assert a["ttft_p50_ms"]["measured"] != b["ttft_p50_ms"]["measured"]  # its rounds now meet other factors
+
+
+TIMELINE = Path(__file__).parent / "data" / "serving" / "timeline" / "vllm_cpu_timeline.json"
+
+
+def test_the_timeline_shows_an_idle_vllm_engine_prefilling_the_first_request_of_a_burst_alone():
+    """vLLM's CPU server, sent c requests at once: the engine starts a step on the first request to reach it, and
+    the others, arriving while that step runs, are prefilled together in the next (a real run's timeline)."""
+    from calibration.serving import first_wave_groups
+
+    data = json.loads(TIMELINE.read_text())
+    levels = {level["concurrency"]: level["timeline_ms"] for level in data["levels"] if level["concurrency"]}
+    shapes = {c: ["+".join(str(len(g)) for g in first_wave_groups(t, c)) for t in timelines]
+              for c, timelines in levels.items()}
+    assert shapes[1] == ["1"] * 8
+    assert shapes[2] == ["1+1"] * 8
+    assert shapes[4].count("1+3") == 6 and shapes[8].count("1+7") == 7
+    # every group is whole requests in the order sent: the first one sent comes out first
+    for c, timelines in levels.items():
+        for timeline in timelines:
+            groups = first_wave_groups(timeline, c)
+            assert sorted(i for g in groups for i in g) == list(range(c))
+    assert first_wave_groups([[0.0, None, None]], 1) is None  # a request with no token: no groups
+
+
+def test_the_timeline_summary_lists_each_closed_loop_level(tmp_path, capsys):
+    from calibration.serving import main
+
+    assert main([str(tmp_path), "--timeline"]) == 1
+    assert "no serving run with a request timeline" in capsys.readouterr().out
+    data = json.loads(TIMELINE.read_text())
+    record = json.loads(ROUNDS_RECORD.read_text())
+    for level, kept in zip(record["measurements"]["serving"]["levels"], data["levels"], strict=True):
+        level["timeline_ms"] = kept["timeline_ms"]  # the captured timelines in a record of the same sweep
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    assert main([str(tmp_path), "--timeline"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4 and "concurrency 8: first wave's groups of first tokens per round 1+7 1+7 1+7 8" in out[3]

@@ -100,13 +100,16 @@ def _levels(serve: Mapping[str, Any]) -> list[dict[str, Any]]:
 def _level_entry(level: Mapping[str, Any], turns: list[dict[str, Any]], prompt_tokens: int) -> dict[str, Any]:
     """One level's record entry: :func:`level_summary` over the requests of all its rounds (throughputs per second
     of the rounds' wall time together), the server's metrics over them (the gauges' maxima, the counters summed)
-    and, with more than one round, each round's own throughput and medians."""
+    and, with more than one round, each round's own throughput and medians. ``timeline_ms`` keeps, per round, every
+    request in the order it was sent: when it was sent (from the round's first send), its TTFT (None where no token
+    came) and its end-to-end latency (None unless it completed): which requests a server prefilled together."""
     results = [r for turn in turns for r in turn["results"]]
     summary = level_summary(results, sum(turn["wall"] for turn in turns), prompt_tokens)
     entry = {**level, **summary,
              "arrival_seed": turns[0]["seed"] if level["request_rate"] is not None else None,  # the Poisson draw's
              "server_metrics": _combined_metrics([turn["metrics"] for turn in turns]),
-             "peak_bytes_so_far": turns[-1]["peak"]}
+             "peak_bytes_so_far": turns[-1]["peak"],
+             "timeline_ms": [_timeline(turn["results"]) for turn in turns]}
     if len(turns) > 1:
         entry["rounds"] = []
         for turn in turns:
@@ -115,6 +118,20 @@ def _level_entry(level: Mapping[str, Any], turns: list[dict[str, Any]], prompt_t
                                     "output_tok_s": own["output_tok_s"], "ttft_p50_ms": own["ttft_ms"].get("p50"),
                                     "tpot_p50_ms": own["tpot_ms"].get("p50"), "e2el_p50_ms": own["e2el_ms"].get("p50")})
     return entry
+
+
+def _timeline(results: list[Any]) -> list[list[float | None]]:
+    """``[sent, TTFT, end-to-end]`` ms of each request of one round, in the order sent, sent from the round's first
+    send."""
+    if not results:
+        return []
+    ordered = sorted(results, key=lambda r: r.started_s)
+    first = ordered[0].started_s
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(1000.0 * value, 3)
+
+    return [[ms(r.started_s - first), ms(r.ttft_s), ms(r.e2el_s if r.ok else None)] for r in ordered]
 
 
 def _combined_metrics(summaries: list[dict[str, Any] | None]) -> dict[str, Any] | None:
