@@ -539,7 +539,8 @@ def timeline_summary(runs_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m calibration.serving RUNS_DIR...``: fit the serving model over the runs' serving runs and print
-    each engine's terms with the in-sample and held-out (highest concurrency) errors; JSON with ``--json``."""
+    each engine's terms with the in-sample and held-out (highest concurrency) errors; JSON with ``--json``. With
+    ``--timeline``, instead: how each closed-loop level's first wave of requests came out of the server."""
     import argparse
     import json
 
