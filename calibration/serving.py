@@ -185,9 +185,14 @@ def drawn_lengths(record: Mapping[str, Any]) -> bool:
 def drawn_length_runs(runs_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
     """The ok serving runs under ``runs_dirs`` that drew their lengths (:func:`drawn_lengths`): the fit leaves them
     out, the report lists them as measured."""
+    return [record for record in _ok_serving_records(runs_dirs) if drawn_lengths(record)]
+
+
+def _ok_serving_records(runs_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
+    """The ok records under ``runs_dirs`` of runs the harness measured under load (``config.serve`` set)."""
     return [stored.record for root in runs_dirs
             for stored in records.iter_records(root, on_error=lambda path, message: None)
-            if stored.record.get("status") == "ok" and drawn_lengths(stored.record)]
+            if stored.record.get("status") == "ok" and (stored.record.get("config") or {}).get("serve")]
 
 
 def level_figures(level: Mapping[str, Any]) -> dict[str, float | None]:
@@ -491,19 +496,18 @@ STEP_GAP_MS = 0.5  # first tokens this close together came out of one engine ste
 def first_wave_groups(timeline: list[list[float | None]], concurrency: int) -> list[list[int]] | None:
     """The requests of a round's first wave (the ``concurrency`` it sends together, :func:`harness.serving.run`'s
     ``timeline_ms``) in the groups whose first tokens came together (within :data:`STEP_GAP_MS`: one engine step),
-    earliest first, as indices in the order sent; None where one of them has no TTFT."""
+    earliest first, each request named by its place in the order sent; None where one of them has no TTFT."""
     wave = timeline[:concurrency]
     if not wave or any(sent is None or ttft is None for sent, ttft, _ in wave):
         return None
-    order = sorted(range(len(wave)), key=lambda i: wave[i][0] + wave[i][1])
+    first_token = [sent + ttft for sent, ttft, _ in wave]
     groups: list[list[int]] = []
     last = None
-    for i in order:
-        at = wave[i][0] + wave[i][1]
-        if last is None or at - last > STEP_GAP_MS:
+    for i in sorted(range(len(wave)), key=first_token.__getitem__):
+        if last is None or first_token[i] - last > STEP_GAP_MS:
             groups.append([])
         groups[-1].append(i)
-        last = at
+        last = first_token[i]
     return groups
 
 
@@ -512,28 +516,24 @@ def timeline_summary(runs_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
     came out of the server (the sizes of its groups of first tokens, :func:`first_wave_groups`) and the median over
     the rounds of the first group's TTFT and of the others' (each round's median)."""
     out = []
-    for root in runs_dirs:
-        for stored in records.iter_records(root, on_error=lambda path, message: None):
-            record = stored.record
-            if record.get("status") != "ok" or not (record.get("config") or {}).get("serve"):
+    for record in _ok_serving_records(runs_dirs):
+        for level in ((record.get("measurements") or {}).get("serving") or {}).get("levels") or []:
+            c = level.get("concurrency")
+            if not c or not level.get("timeline_ms"):
                 continue
-            for level in ((record.get("measurements") or {}).get("serving") or {}).get("levels") or []:
-                c = level.get("concurrency")
-                if not c or not level.get("timeline_ms"):
+            shapes, lead, rest = [], [], []
+            for timeline in level["timeline_ms"]:
+                groups = first_wave_groups(timeline, int(c))
+                if groups is None:
                     continue
-                shapes, lead, rest = [], [], []
-                for timeline in level["timeline_ms"]:
-                    groups = first_wave_groups(timeline, int(c))
-                    if groups is None:
-                        continue
-                    shapes.append("+".join(str(len(g)) for g in groups))
-                    lead.append(float(np.median([timeline[i][1] for i in groups[0]])))
-                    others = [timeline[i][1] for g in groups[1:] for i in g]
-                    if others:
-                        rest.append(float(np.median(others)))
-                out.append({"run": record["id"], "engine": record["config"]["engine"], "concurrency": int(c),
-                            "first_wave": shapes, "first_group_ttft_ms": float(np.median(lead)) if lead else None,
-                            "others_ttft_ms": float(np.median(rest)) if rest else None})
+                shapes.append("+".join(str(len(g)) for g in groups))
+                lead.append(float(np.median([timeline[i][1] for i in groups[0]])))
+                others = [timeline[i][1] for g in groups[1:] for i in g]
+                if others:
+                    rest.append(float(np.median(others)))
+            out.append({"run": record["id"], "engine": record["config"]["engine"], "concurrency": int(c),
+                        "first_wave": shapes, "first_group_ttft_ms": float(np.median(lead)) if lead else None,
+                        "others_ttft_ms": float(np.median(rest)) if rest else None})
     return out
 
 

@@ -420,7 +420,8 @@ def test_the_timeline_shows_an_idle_vllm_engine_prefilling_the_first_request_of_
     assert shapes[1] == ["1"] * 8
     assert shapes[2] == ["1+1"] * 8
     assert shapes[4].count("1+3") == 6 and shapes[8].count("1+7") == 7
-    # every group is whole requests in the order sent: the first one sent comes out first
+    # the groups hold each request of the wave once (the one that reaches the engine first is not always the one
+    # sent first: the wave's sends are microseconds apart)
     for c, timelines in levels.items():
         for timeline in timelines:
             groups = first_wave_groups(timeline, c)
