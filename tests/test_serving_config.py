@@ -29,6 +29,19 @@ def test_the_serve_table_gets_its_defaults_and_sizes_the_batch():
     assert cfg["batch"] == 8 and cfg["serve"]["concurrency"] == [1, 8]
 
 
+def test_a_serve_table_can_give_each_concurrency_level_its_own_request_count():
+    from harness.serving.config import level_requests
+
+    # one per level, in the order the levels are given; kept in the order they run (ascending)
+    serve = normalize_serve({"concurrency": [8, 1, 4], "requests": [32, 8, 16], "request_rate": [2],
+                             "rate_requests": 4})
+    assert serve["concurrency"] == [1, 4, 8] and serve["requests"] == [8, 16, 32]
+    assert [level_requests(serve, None, c) for c in (1, 4, 8)] == [8, 16, 32] and level_requests(serve, 2.0) == 4
+    assert normalize_serve({"concurrency": [2, 2, 1], "requests": [6, 6, 3]})["requests"] == [3, 6]
+    assert normalize_serve(serve) == serve  # a record's table reads back the same
+    assert level_requests(normalize_serve({"concurrency": [1, 2], "requests": 5}), None, 2) == 5
+
+
 @pytest.mark.parametrize("serve,message", [
     ({"concurrency": [0]}, "serve.concurrency must hold positive integers"),
     ({"concurrency": [1.5]}, "serve.concurrency must hold positive integers"),
@@ -40,6 +53,10 @@ def test_the_serve_table_gets_its_defaults_and_sizes_the_batch():
     ({"rounds": 1.5}, "serve.rounds must be"),
     ({"users": 3}, "serve has no option 'users'"),
     ({"rate_requests": 0}, "serve.rate_requests must be positive"),
+    ({"concurrency": [1, 2], "requests": [8]}, r"serve.requests has 1 number\(s\) for 2 concurrency level"),
+    ({"concurrency": [1, 2], "requests": [8, 0]}, "serve.requests must hold positive integers"),
+    ({"concurrency": [1, 1], "requests": [8, 16]}, "serve.requests gives concurrency 1 two request counts"),
+    ({"concurrency": [1], "request_rate": [2], "requests": [8]}, "set serve.rate_requests for the request-rate"),
     ({"range_ratio": 1}, "serve.range_ratio must be below 1"),
     ({"range_ratio": -0.2}, "serve.range_ratio must be zero or positive"),
     ({"range_ratio": "wide"}, "serve.range_ratio must be a number"),

@@ -117,7 +117,7 @@ def _drawn(record) -> list[tuple[int, int]]:
     from harness.serving.config import level_requests, request_lengths
 
     serve, serving = record["config"]["serve"], record["measurements"]["serving"]
-    counts = [level_requests(serve, level["request_rate"]) for level in serving["levels"]]
+    counts = [level_requests(serve, level["request_rate"], level["concurrency"]) for level in serving["levels"]]
     total = serve["warmup"] + sum(counts) * serve["rounds"]
     draw = random.Random(serving["seed"])
     prompts = request_lengths(serving["prompt_tokens"], serving["range_ratio"], total, draw)
@@ -132,15 +132,18 @@ def _drawn(record) -> list[tuple[int, int]]:
 
 
 def test_a_range_ratio_sends_each_request_the_lengths_drawn_for_it(cache, tmp_path):
-    record, _ = run_serving({**LLAMA, "serve": {"server": "llama-cpp-python", "concurrency": [2], "request_rate": [50],
-                                                "requests": 6, "rate_requests": 3, "rounds": 2, "warmup": 1,
-                                                "range_ratio": 0.5}}, tmp_path / "runs", say=lambda m: None)
+    # a request count per concurrency level, in the order of the levels given: 2 in flight send 6, 1 in flight 2
+    record, _ = run_serving({**LLAMA, "serve": {"server": "llama-cpp-python", "concurrency": [2, 1],
+                                                "request_rate": [50], "requests": [6, 2], "rate_requests": 3,
+                                                "rounds": 2, "warmup": 1, "range_ratio": 0.5}},
+                            tmp_path / "runs", say=lambda m: None)
     assert record["status"] == "ok", record["reason"]
     serving = record["measurements"]["serving"]
     assert serving["range_ratio"] == 0.5 and record["config"]["serve"]["range_ratio"] == 0.5
     # 16-48 prompt and 4-12 output tokens a request: the server generated exactly the tokens drawn for each, and the
-    # prompts are the lengths drawn (the server's tokenizer sized them); the rate level sends its own count
-    for level, (prompts, outputs), count in zip(serving["levels"], _drawn(record), (12, 6), strict=True):
+    # prompts are the lengths drawn (the server's tokenizer sized them); each level sends its own count
+    assert record["config"]["serve"]["concurrency"] == [1, 2] and record["config"]["serve"]["requests"] == [2, 6]
+    for level, (prompts, outputs), count in zip(serving["levels"], _drawn(record), (4, 12, 6), strict=True):
         assert level["completed"] == count and [r["completed"] for r in level["rounds"]] == [count // 2] * 2
         assert level["output_tokens"] == outputs and level["prompt_tokens"] == prompts
         assert len(level["itl_ms"]["samples"]) == outputs - count

@@ -7,7 +7,9 @@
 (``$BENCHCAL_LLAMA_SERVER``, else on PATH), or ``llama-cpp-python``, the bindings' ``llama_cpp.server``; vLLM:
 ``vllm``), resolved with the engine when the run is prepared; ``concurrency``: levels of that many requests in
 flight; ``request_rate``: levels of Poisson arrivals at that many requests per second; ``requests``: the requests
-of each level in each round (``rate_requests``: of each request-rate level, default ``requests``); ``rounds``: how
+of each level in each round, one number for every level or a list of one per concurrency level, in the order of
+``concurrency`` (``[8, 16, 16, 16]``: a level of 1 in flight sends 8, the others 16); ``rate_requests``: of each
+request-rate level (default ``requests``; required where ``requests`` is a list); ``rounds``: how
 many times the levels run, interleaved (1, 2, 4, 1, 2, 4, ...), each level's figures taken over all its rounds'
 requests (a drift of the host during the run then falls on every level alike; a request-rate level replays the same
 arrivals in each round); ``warmup``: requests sent one at a time
@@ -67,10 +69,11 @@ def normalize_serve(serve: Any) -> dict[str, Any]:
     unknown = sorted(set(serve) - set(SERVE_KEYS))
     if unknown:
         raise BenchcalError(f"serve has no option {unknown[0]!r} (options: {', '.join(SERVE_KEYS)})")
-    concurrency = sorted(set(_numbers(serve.get("concurrency"), "concurrency", int)))
+    given = _numbers(serve.get("concurrency"), "concurrency", int)
+    concurrency = sorted(set(given))
     rates = sorted(set(_numbers(serve.get("request_rate"), "request_rate", float)))
     if not concurrency and not rates:
-        concurrency = [1]
+        given = concurrency = [1]
     seqs = serve.get("max_num_seqs")
     server = serve.get("server")
     if server is not None and not isinstance(server, str):
@@ -79,7 +82,7 @@ def normalize_serve(serve: Any) -> dict[str, Any]:
         "server": server,
         "concurrency": concurrency,
         "request_rate": rates,
-        "requests": _positive(serve, "requests", 16, int),
+        "requests": _requests(serve, given, concurrency, rates),
         "rounds": _positive(serve, "rounds", 1, int),
         "warmup": _positive(serve, "warmup", 2, int, zero=True),
         "duration_s": _positive(serve, "duration_s", 300.0),
@@ -95,12 +98,35 @@ def normalize_serve(serve: Any) -> dict[str, Any]:
     return out
 
 
-def level_requests(serve: Mapping[str, Any], request_rate: float | None) -> int:
+def _requests(serve: Mapping[str, Any], given: list[int], concurrency: list[int], rates: list[float]) -> int | list[int]:
+    """``serve.requests``: one positive number, or a list of one per concurrency level in the order ``concurrency``
+    gives them, returned in the levels' ascending order (the order they run in)."""
+    if not isinstance(serve.get("requests"), (list, tuple)):
+        return _positive(serve, "requests", 16, int)
+    counts = _numbers(serve["requests"], "requests", int)
+    if len(counts) != len(given):
+        raise BenchcalError(f"serve.requests has {len(counts)} number(s) for {len(given)} concurrency level(s): give "
+                            "one number for every level, or one per concurrency level")
+    if rates and serve.get("rate_requests") is None:
+        raise BenchcalError("serve.requests is a list of one per concurrency level: set serve.rate_requests for the "
+                            "request-rate levels")
+    per_level: dict[int, int] = {}
+    for level, count in zip(given, counts, strict=True):
+        if per_level.setdefault(level, count) != count:
+            raise BenchcalError(f"serve.requests gives concurrency {level} two request counts ({per_level[level]} "
+                                f"and {count})")
+    return [per_level[level] for level in concurrency]
+
+
+def level_requests(serve: Mapping[str, Any], request_rate: float | None, concurrency: int | None = None) -> int:
     """The requests of one level in each round: ``rate_requests`` for a request-rate level where set, else
-    ``requests``."""
+    ``requests`` (of a list, the entry of the level of ``concurrency`` requests in flight)."""
     if request_rate is not None and serve.get("rate_requests"):
         return int(serve["rate_requests"])
-    return int(serve["requests"])
+    requests = serve["requests"]
+    if isinstance(requests, (list, tuple)):
+        return int(requests[list(serve["concurrency"]).index(int(concurrency))])
+    return int(requests)
 
 
 def _ratio(serve: Mapping[str, Any]) -> float:

@@ -203,7 +203,7 @@ def run_serving(
             if on_ready is not None:
                 on_ready(process)
             rounds = int(serve.get("rounds") or 1)
-            counts = [level_requests(serve, level["request_rate"]) for level in levels]
+            counts = [level_requests(serve, level["request_rate"], level["concurrency"]) for level in levels]
             total = serve["warmup"] + sum(counts) * rounds
             draw = random.Random(rng_seed)  # each request's lengths (all the run's own without a range_ratio)
             prompt_lengths = request_lengths(prompt_tokens, serve.get("range_ratio", 0.0), total, draw)
