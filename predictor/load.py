@@ -18,12 +18,14 @@ detokenizing, one event per sequence) and ``request_overhead_ms`` per request (H
   of it: end-to-end ``max(c S, S + o_req)``, TTFT that minus (n - 1) TPOT, TPOT ``step(1) + o_step``, ``c /
   end-to-end`` requests per second (``seq_overhead_ms`` is ``o_step`` here: one sequence per step).
 - **Continuous batching** (vLLM; llama.cpp's ``llama-server``, whose slots decode together). With equal requests in
-  a closed loop the c requests move in step: they arrive together, their prompts are prefilled in one step, then B =
-  min(c, max_num_seqs) sequences decode together: TTFT ``c k prefill_s + o_step + o_req``, TPOT ``d step(B) +
-  o_step + B o_seq``, end-to-end TTFT + (n - 1) TPOT, and ``c / end-to-end`` requests per second (Little's law).
-  With more requests in flight than the server runs (c > B) they go in waves of B, each ``W = B k prefill_s + o_step
-  + o_req + (n - 1) TPOT`` long, and a request waits its turn: end-to-end ``c / B x W``, TTFT that minus (n - 1)
-  TPOT.
+  a closed loop the c requests move in step: they arrive together and their prompts are prefilled in two steps (an
+  idle engine starts a step on the first request to reach it; the others, arriving while it runs, wait for it and
+  are prefilled together in the next: what vLLM's request timelines show, docs/model.md), then B = min(c,
+  max_num_seqs) sequences decode together: TTFT, the others' (the p50 from 2 in flight), ``c k prefill_s + 2 o_step
+  + o_req`` (alone, ``k prefill_s + o_step + o_req``), TPOT ``d step(B) + o_step + B o_seq``, end-to-end TTFT + (n -
+  1) TPOT, and ``c / end-to-end`` requests per second (Little's law). With more requests in flight than the server
+  runs (c > B) they go in waves of B, each ``W = B k prefill_s + 2 o_step + o_req + (n - 1) TPOT`` long, and a
+  request waits its turn: end-to-end ``c / B x W``, TTFT that minus (n - 1) TPOT.
 
 In a closed loop with fixed lengths every request sees the same, so each figure's p50 is its mean; the spread a
 real server shows (measured p90/p99) is not modelled.
@@ -64,11 +66,13 @@ def serving_figures(mode: str, concurrency: int, output_tokens: int, prefill_s: 
     elif mode == "continuous":
         batch = min(c, int(max_num_seqs or c))
         tpot = step_s + o_step + batch * o_seq
+        # the prompts take two steps from 2 in flight: an idle engine prefills the first alone, the others next
+        steps = 2 if batch >= 2 else 1
         if c <= batch:
-            ttft = c * prefill + o_step + o_req
+            ttft = c * prefill + steps * o_step + o_req
             e2e = ttft + (n - 1) * tpot
         else:  # waves of `batch`, the others waiting their turn: each request waits for c / batch waves
-            wave = batch * prefill + o_step + o_req + (n - 1) * tpot
+            wave = batch * prefill + steps * o_step + o_req + (n - 1) * tpot
             e2e = c / batch * wave
             ttft = e2e - (n - 1) * tpot
     else:
@@ -203,7 +207,9 @@ def simulate_continuous(arrivals, output_tokens: int, prefill_s: float, step_s, 
     arrived, up to ``max_num_seqs`` sequences and ``max_num_batched_tokens`` tokens, at least one) and decodes one
     token of every running sequence; it takes ``prompts x prefill_s + step_s(B) + B seq_overhead_s +
     step_overhead_s``. A prompt's first token comes out with its prefill step, then one token per step. Per request
-    (TTFT, end-to-end) seconds. With c requests arriving together this gives the closed loop's formulas."""
+    (TTFT, end-to-end) seconds. Requests arriving at the same instant are admitted together: c of them get the
+    closed loop's figures less one step overhead (its formulas take the first of them alone, as vLLM's server does).
+    Poisson arrivals never come at the same instant."""
     from collections import deque
 
     n, limit = max(int(output_tokens), 1), int(max_num_seqs or DEFAULT_MAX_NUM_SEQS)

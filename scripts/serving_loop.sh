@@ -5,8 +5,8 @@
 #
 #   scripts/serving_loop.sh RUNS_DIR
 #
-# About 2.5-4 minutes on 2 cores (eight interleaved rounds of each level). Prints the figures; fails only when a step
-# fails (a noisy 2-core machine is no place for an accuracy gate on latencies).
+# About 3.5-4.5 minutes on 2 cores (interleaved rounds: 8 of llama.cpp's levels, 16 of vLLM's). Prints the figures;
+# fails only when a step fails (a noisy 2-core machine is no place for an accuracy gate on latencies).
 set -euo pipefail
 
 if [ $# -ne 1 ]; then

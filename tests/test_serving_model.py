@@ -55,8 +55,8 @@ def test_the_fit_recovers_the_server_terms_that_made_the_figures(mode):
                        "measured": {**{k: figures[k] for k in ("ttft_ms", "tpot_ms", "e2el_ms")},
                                     "output_tok_s": figures["output_tok_s"]}})
     fit = fit_overheads(levels[:3])
-    for name in PARAMETERS:  # the scales' weak pull to 1 (SCALE_PRIOR) moves them by less than 0.1%
-        assert fit[name] == pytest.approx(truth[name], rel=1e-3, abs=1e-3), name
+    for name in PARAMETERS:  # the scales' weak pull to 1 (SCALE_PRIOR) moves the terms by less than 0.5%
+        assert fit[name] == pytest.approx(truth[name], rel=5e-3, abs=1e-3), name
     held_out = _check(levels[3], fit)
     assert abs(held_out["output_tok_s"]["error"]) < 1e-3 and abs(held_out["ttft_p50_ms"]["error"]) < 1e-3
 
@@ -142,7 +142,7 @@ def test_vllm_batch_budget_sizes_its_profile_run_and_caps_the_running_sequences(
         scale * (32768 - 8192) * 2 * (3 * arch.intermediate_size + 4 * arch.hidden_size))
 
 
-def test_requests_arriving_together_at_a_batching_server_give_the_closed_loop_formulas():
+def test_requests_arriving_together_at_a_batching_server_give_the_closed_loop_formulas_but_one_step_overhead():
     from predictor.load import simulate_continuous
 
     def step(b):
@@ -152,8 +152,12 @@ def test_requests_arriving_together_at_a_batching_server_give_the_closed_loop_fo
                                     request_overhead_s=0.003)
     closed = serving_figures("continuous", 4, 5, 0.050, step(1), step(4), step_overhead_ms=2.0, seq_overhead_ms=0.5,
                              request_overhead_ms=3.0)
-    assert [1000 * t for t in ttft] == pytest.approx([closed["ttft_ms"]] * 4)
-    assert [1000 * t for t in e2e] == pytest.approx([closed["e2el_ms"]] * 4)
+    # the simulation prefills the four in one step; the closed loop's formulas take the first alone (vLLM's server
+    # does: an idle engine starts a step on the first request to reach it), which costs the others a step overhead
+    assert [1000 * t + 2.0 for t in ttft] == pytest.approx([closed["ttft_ms"]] * 4)
+    assert [1000 * t + 2.0 for t in e2e] == pytest.approx([closed["e2el_ms"]] * 4)
+    alone = serving_figures("continuous", 1, 5, 0.050, step(1), step(1), step_overhead_ms=2.0, request_overhead_ms=3.0)
+    assert alone["ttft_ms"] == pytest.approx(50.0 + 2.0 + 3.0)  # one request: one step, no wait
 
 
 def test_a_batching_server_admits_no_more_sequences_than_its_limit():
