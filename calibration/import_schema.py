@@ -106,6 +106,7 @@ LLAMA_LOG_RUN_SCHEMA: dict[str, Any] = {
         "n_gpu_layers": _nullable(_COUNT), "threads": _nullable(_WHOLE), "build_number": _nullable(_COUNT),
         "build_commit": _TEXT, "device_name": _TEXT, "kv_dtype": _TEXT, "flash_attn": {"type": ["boolean", "null"]},
         "quantized_matmul": {"enum": ["cublas-fp16", None]},
+        "backend": {"enum": ["CUDA", "ROCm", "Metal", "Vulkan", "SYCL", "CPU", None]},
     },
     "allOf": [
         {"if": {"properties": {"tool": {"const": "llama-perplexity"}}},

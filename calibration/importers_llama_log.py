@@ -36,6 +36,7 @@ from calibration.importers import (
     store_new_records,
 )
 from harness import records
+from harness.engines.llama_cpp.logparse import log_backend
 from predictor.errors import BenchcalError
 from predictor.models import resolve_model
 from predictor.quants import resolve_quant
@@ -102,6 +103,7 @@ def parse_run(tool: str, arguments: str, text: str) -> dict[str, Any]:
         "model_params": int(round(float(params.group(1)) * _SCALE[params.group(2)])) if params else None,
         "n_gpu_layers": int(ngl.group(1)) if ngl else None, "threads": int(threads.group(1)) if threads else None,
         "kv_dtype": kv.group(1).lower() if kv else None, "quantized_matmul": _quantized_matmul(text),
+        "backend": log_backend(text),
     }
     for name in ("n_ctx", "n_batch", "n_ubatch"):
         value = _context_field(text, name)
@@ -139,6 +141,8 @@ def llama_log_record(run: dict[str, Any], *, model: str, device: str, file_name:
         "weights_bytes": run["model_size_bytes"], "model_n_params": run["model_params"],
         "weights_bytes_note": "llama.cpp prints the size rounded to 0.01 GiB", "command": run["command"],
     }
+    if run.get("backend"):
+        provenance["backend"] = run["backend"]
     if run.get("quantized_matmul"):
         provenance["quantized_matmul"] = run["quantized_matmul"]
     if run["tool"] == "llama-cli":

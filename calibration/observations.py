@@ -29,6 +29,7 @@ import pandas as pd
 
 from harness import record_tables, records
 from harness.hostinfo import record_host_id
+from predictor.backends import find_backend
 from predictor.eras import run_era
 from predictor.errors import BenchcalError
 
@@ -38,7 +39,7 @@ RUN_COLUMNS = (
     "id", "status", "reason", "source", "model", "arch_overrides", "model_key", "quant", "engine", "device",
     "device_count", "context", "batch", "kv_dtype", "n_gpu_layers", "flash_attn", "n_ubatch",
     "offload_fraction", "weights_bytes", "host_bandwidth_gbs", "host_matmul_gflops", "host_memory_gib", "host_id",
-    "engine_version", "era", "quantized_matmul", "prediction_error", "pred_verdict", "excluded_from_fit", "source_set",
+    "engine_version", "era", "backend", "quantized_matmul", "prediction_error", "pred_verdict", "excluded_from_fit", "source_set",
     "path",
 )
 
@@ -196,8 +197,18 @@ def run_row(path: Path, record: dict[str, Any]) -> dict[str, Any]:
         "excluded_from_fit": json.dumps(base["excluded_from_fit"]) if base["excluded_from_fit"] else "",
         "source_set": source_set(record),
         "era": run_era(str(base["engine"]), base["engine_version"], base["engine_commit"]),
+        "backend": record_backend(base),
     })
     return {name: row[name] for name in RUN_COLUMNS}
+
+
+def record_backend(base: dict[str, Any]) -> str | None:
+    """The llama.cpp backend a run names (:func:`predictor.backends.find_backend` of its record's backend column or
+    build kind), None for another engine or where the record names none (its device's default is taken)."""
+    if base.get("engine") != "llama.cpp":
+        return None
+    found = find_backend(base.get("backend"))
+    return found.id if found is not None else None
 
 
 def exclude_reason(base: dict[str, Any], quantity: str) -> str | None:

@@ -107,6 +107,8 @@ def common_columns(path: Path, record: dict[str, Any]) -> dict[str, Any]:
         "quantized_matmul": provenance.get("quantized_matmul"),
         "engine_commit": provenance.get("engine_commit"),
         "excluded_from_fit": provenance.get("excluded_from_fit"),
+        # llama.cpp's backend as the record names it: llama-bench's backend column (imports), else the build's kind
+        "backend": provenance.get("backend") or provenance.get("backends") or provenance.get("engine_build"),
     }
 
 

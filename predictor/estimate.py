@@ -80,6 +80,7 @@ def evaluate(
     cpu_generic_bytes=0.0,
     kquant_low_weights=0.0,
     cublas_dequant=False,
+    expert_tile=None,
     with_max_context: bool = True,
 ) -> dict[str, np.ndarray]:
     """Evaluate the model over broadcastable arrays; returns arrays keyed by quantity (bytes, s).
@@ -104,6 +105,8 @@ def evaluate(
     prefill (its log says ``CUDA_USE_TENSOR_CORES: yes``; builds before PR #8075, June 2024). Calibration sets
     it from imported logs; a prediction sets it for a build of an era whose CUDA path it was
     (:func:`predictor.eras.cublas_dequant`: ``predict --engine-build 2843`` on an NVIDIA GPU).
+    ``expert_tile``: the token columns of the tiles the llama.cpp backend multiplies a mixture of experts' routed
+    experts in during prefill (``predictor.backends``; None or NaN: none, the experts priced as dense matmuls).
     """
     kind = np.asarray(kind)
     et = traits(engine)
@@ -218,6 +221,7 @@ def evaluate(
             - np.asarray(cpu_float_weights, float) - np.asarray(cpu_q8_weights, float))), 0.0),
         q8_weights=np.where(cpu_llama, layer_params * np.asarray(cpu_q8_weights, float), 0.0),
         float_share=np.where(cpu_llama, np.asarray(cpu_float_weights, float), 0.0),
+        expert_tile=expert_tile,
     )
     result = {
         "weights_bytes": resident_w + np.zeros_like(dev_w),
@@ -375,6 +379,8 @@ def predict_scenario(
         device_count=int(device_count), prompt_tokens=int(prompt_tokens), offload_fraction=float(offload_fraction),
         flash_attn=bool(flash_attn), n_ubatch=int(n_ubatch), coefficients=cset, values=scalars,
         prompt_depth=int(s.prompt_depth),
+        backend=inputs.backend.id if inputs.backend is not None else None, backend_default=not s.backend,
+        expert_tile=_tile(inputs.kwargs.get("expert_tile")),
         weights_source=inputs.weights_source, host_bandwidth_gbs=host_bw, throughput_offload_fraction=throughput_offload,
         era=era_description(eng, dev.kind, era, engine_build, cset, overlay=bool(table.era_overlay(eng, era, dev.kind)),
                             device=dev),
@@ -384,3 +390,8 @@ def predict_scenario(
     if launch:
         est.launch = launch_commands(est, predict)
     return est
+
+
+def _tile(value) -> int | None:
+    """An expert tile width as the estimate keeps it (None where the backend's is not modelled)."""
+    return None if value is None or not np.isfinite(value) else int(value)

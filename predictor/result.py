@@ -43,6 +43,9 @@ class Estimate:
     era: dict[str, Any] = field(default_factory=dict)  # the engine build era used (see era_description)
     serving: dict[str, Any] | None = None  # vLLM on a GPU: its KV pool and concurrency (predictor.serving)
     prompt_depth: int = 0  # tokens already in the KV cache when the prompt arrives
+    backend: str | None = None  # llama.cpp's backend (predictor.backends); None for vLLM
+    backend_default: bool = True  # the device vendor's default backend (else the one asked for)
+    expert_tile: int | None = None  # token columns of the tiles a MoE's routed experts are multiplied in (prefill)
 
     @property
     def weights_bits_per_weight(self) -> float | None:
@@ -91,6 +94,9 @@ class Estimate:
                     "min_gpus": rental[1].min_gpus, "checked_at": rental[1].checked_at, "source": rental[1].source},
             },
             "engine": self.engine,
+            "backend": None if self.backend is None else {
+                "id": self.backend, "chosen": "vendor default" if self.backend_default else "asked",
+                "expert_tile_tokens": self.expert_tile if self.model.num_experts else None},
             "quant": self.quant.id,
             "bits_per_weight": self.quant.bits_per_weight,
             "context": self.context,

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from predictor.architecture import ModelArch
+from predictor.backends import Backend, scenario_backend
 from predictor.devices import Device, resolve_device
 from predictor.engines import traits
 from predictor.errors import BenchcalError, non_negative, positive
@@ -66,6 +67,7 @@ class Scenario:
     max_num_seqs: int | None = None  # vLLM: the most sequences a batch holds (None: its default on the device)
     max_num_batched_tokens: int | None = None  # vLLM: tokens one step may take (None: its default on the device)
     server: str | None = None  # the server under load (llama.cpp: "llama-server" or "llama-cpp-python"; None: default)
+    backend: str | None = None  # llama.cpp's backend (CUDA, ROCm, Vulkan, Metal, SYCL, CPU; None: the device's default)
 
     def replace(self, **changes: Any) -> Scenario:
         """A copy with ``changes`` applied (``dataclasses.replace``)."""
@@ -104,6 +106,7 @@ class Scenario:
             max_num_seqs=options.get("max_num_seqs"),
             max_num_batched_tokens=options.get("max_num_batched_tokens"),
             server=(config.get("serve") or {}).get("server"),
+            backend=config.get("backend"),
         )
 
 
@@ -146,6 +149,7 @@ class ScenarioInputs:
     weights_bytes: float | None
     weights_source: str
     kwargs: dict[str, Any]
+    backend: Backend | None = None
 
 
 def scenario_arch(s: Scenario) -> ModelArch:
@@ -183,7 +187,14 @@ def validate_scenario(s: Scenario, arch: ModelArch, dev: Device, engine: str) ->
         raise BenchcalError(f"{engine} does not run on {dev.name} (engines there: {', '.join(dev.engines)})")
     if s.device_count > 1 and dev.kind != "gpu":
         raise BenchcalError(f"--gpus {s.device_count}: tensor parallelism needs discrete GPUs, {dev.name} is {dev.kind}")
+    scenario_backend(s.backend, dev.vendor, dev.name, engine)
     return arch
+
+
+def resolved_backend(s: Scenario, dev: Device, engine: str) -> Backend | None:
+    """The scenario's llama.cpp backend (:func:`predictor.backends.scenario_backend`): the one it names, else the
+    default of the device's vendor; None for vLLM."""
+    return scenario_backend(s.backend, dev.vendor, dev.name, engine)
 
 
 def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | None = None,
@@ -201,6 +212,11 @@ def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | No
     else:
         exact, weights_source = known_weights_bytes(arch, q, eng)
     expert_bits, other_bits = format_bits(arch, q, eng)
+    backend = resolved_backend(s, dev, eng)
+    # the tiles a backend multiplies quantized experts in during prefill (F16/BF16 experts are not padded on GPUs)
+    tile = backend.expert_tile(dev.architecture) if backend is not None else None
+    if tile is not None and tile > 1 and not (expert_bits and expert_bits < 16.0):
+        tile = 1
     host_bw = float(s.host_bandwidth_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else DEFAULT_HOST_BANDWIDTH_GBS))
     batch_defaults = vllm_batch_defaults(dev)
     kwargs = {
@@ -218,6 +234,7 @@ def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | No
         "flashinfer_sampler": s.flashinfer_sampler,
         "max_batched_tokens": s.max_num_batched_tokens or batch_defaults[0],
         "max_num_seqs": s.max_num_seqs or batch_defaults[1],
+        "expert_tile": np.nan if tile is None else float(tile),
         **kernel_kwargs(arch, q.id),
     }
-    return ScenarioInputs(q, kv, exact, weights_source, kwargs)
+    return ScenarioInputs(q, kv, exact, weights_source, kwargs, backend)

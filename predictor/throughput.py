@@ -21,6 +21,8 @@ seconds; inputs are scalars or arrays.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from predictor import memory as mem
@@ -126,14 +128,66 @@ def lm_head_params(arch: ModelArch) -> int:
     return arch.params_output or arch.params_embedding
 
 
-def prefill_matmul_flops(arch: ModelArch, prompt_tokens):
+@lru_cache(maxsize=4096)
+def _padded_expert_columns(tokens: int, num_experts: int, experts_per_token: int, tile: int) -> float:
+    """Expected token columns the expert matmuls of one MoE layer compute for a ubatch of ``tokens`` tokens, each
+    routed to ``experts_per_token`` of ``num_experts`` experts, when an expert's tokens are computed in tiles of
+    ``tile`` columns: E x T x sum_j P(X > j T), X ~ Binomial(tokens, k / E) the tokens one expert gets (routing
+    taken as uniform). With ``tile`` 1 it is the routed columns themselves, tokens x k."""
+    if tokens <= 0:
+        return 0.0
+    p = min(1.0, experts_per_token / num_experts)
+    if tile <= 1 or p >= 1.0:
+        return float(tokens) * num_experts * p
+    x = np.arange(tokens + 1, dtype=float)
+    log_fact = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, tokens + 1, dtype=float)))))
+    log_pmf = log_fact[-1] - log_fact - log_fact[::-1] + x * np.log(p) + (tokens - x) * np.log1p(-p)
+    survival = 1.0 - np.cumsum(np.exp(log_pmf))  # P(X > x)
+    thresholds = np.arange(0, tokens, tile)
+    return float(num_experts * tile * np.clip(survival[thresholds], 0.0, 1.0).sum())
+
+
+def expert_padding_factor(arch: ModelArch, ubatch_tokens, tile):
+    """Columns the routed-expert matmuls compute per column routed (>= 1): a ubatch of u tokens routes u x k
+    token columns to the experts, and a backend that multiplies each touched expert in tiles of ``tile`` columns
+    (llama.cpp's MMQ on CUDA / ROCm: the tile that covers the whole ubatch, 128 columns, however few of its tokens
+    an expert got; ``predictor/data/backends.json``) computes the padded tiles too. 1 for a dense model, a tile of
+    1 or None (not modelled)."""
+    u = np.asarray(ubatch_tokens, float)
+    t = np.asarray(np.nan if tile is None else tile, float)
+    if not arch.num_experts or not arch.experts_per_token:
+        return np.ones(np.broadcast(u, t).shape)
+    e, k = int(arch.num_experts), int(arch.experts_per_token)
+
+    def one(tokens: float, width: float) -> float:
+        if not np.isfinite(width) or width <= 1 or tokens < 1:
+            return 1.0
+        n = int(round(tokens))
+        return _padded_expert_columns(n, e, k, int(width)) / (n * k)
+
+    return np.vectorize(one, otypes=[float])(u, t)
+
+
+def prefill_matmul_flops(arch: ModelArch, prompt_tokens, n_ubatch=None, expert_tile=None):
     """FLOPs of the weight matmuls for a prompt of n tokens.
 
     2 x (active parameters - LM head) x n for the layers, plus 2 x LM head once: engines compute
-    logits for the last prompt token only. The input embedding is a lookup (no FLOPs).
+    logits for the last prompt token only. The input embedding is a lookup (no FLOPs). A mixture of experts'
+    routed experts compute the padded columns of :func:`expert_padding_factor` for each ubatch of ``n_ubatch``
+    tokens (the last one holding the rest of the prompt) where the backend has an ``expert_tile``.
     """
     head = lm_head_params(arch)
-    return 2.0 * (arch.params_active - head) * np.asarray(prompt_tokens, float) + 2.0 * head
+    n = np.asarray(prompt_tokens, float)
+    flops = 2.0 * (arch.params_active - head) * n + 2.0 * head
+    if expert_tile is None or n_ubatch is None or not arch.num_experts:
+        return flops
+    ub = np.maximum(np.asarray(n_ubatch, float), 1.0)
+    full = np.floor(n / ub)
+    rest = n - full * ub
+    padded = full * ub * expert_padding_factor(arch, ub, expert_tile) + rest * expert_padding_factor(
+        arch, rest, expert_tile)
+    routed = arch.params_expert * arch.experts_per_token / arch.num_experts  # routed weights one token multiplies
+    return flops + 2.0 * routed * (padded - n)
 
 
 def _positions_attended(end, window=None):
@@ -180,6 +234,7 @@ def prefill_seconds(
     float_share=0.0,
     q8_weights=0.0,
     prompt_depth=0.0,
+    expert_tile=None,
 ):
     """Time to process a prompt of ``prompt_tokens`` tokens, seconds, after ``prompt_depth`` tokens already in the
     KV cache (0: from an empty cache), which its attention reads.
@@ -198,6 +253,8 @@ def prefill_seconds(
     FLOPs llama.cpp's CPU backend runs on F16/BF16/F32 weights (llamafile's GEMM), at
     ``prefill_f16_efficiency`` instead of ``prefill_compute_efficiency``. ``q8_weights``: layer weights in Q8_0
     on that generic path, ``prefill_q8_flops_per_weight`` operations each per token (its simplest dot product).
+    ``expert_tile``: the token columns of the tiles the backend multiplies a mixture of experts' routed experts in
+    (:func:`expert_padding_factor`; None or NaN: no padding).
     """
     n = np.maximum(np.asarray(prompt_tokens, float), 1.0)
     ub = np.maximum(np.asarray(n_ubatch, float), 1.0)
@@ -206,7 +263,7 @@ def prefill_seconds(
     peak = np.asarray(tflops, float) * TFLOP * split
     bw = np.asarray(bandwidth_gbs, float) * GB
     t_bw = n_ub * np.asarray(device_weight_bytes, float) / split / (coeffs["decode_bw_efficiency"] * bw)
-    mm_flops = prefill_matmul_flops(arch, n)
+    mm_flops = prefill_matmul_flops(arch, n, ub, expert_tile)
     floats = np.asarray(float_share, float)
     t_mm = mm_flops * (1.0 - floats) / (coeffs["prefill_compute_efficiency"] * peak)
     if np.any(floats > 0):

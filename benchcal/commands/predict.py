@@ -107,7 +107,7 @@ def scenario_from_args(args, dev: Device) -> Scenario:
         host_bandwidth_gbs=args.host_bw_gbs or (dev.bandwidth_gbs if dev.kind == "cpu" else None),
         host_memory_gib=args.host_mem_gib, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        flashinfer_sampler=args.vllm_sampler == "flashinfer", server=args.server,
+        flashinfer_sampler=args.vllm_sampler == "flashinfer", server=args.server, backend=args.backend,
     )
 
 
@@ -244,6 +244,8 @@ def register(sub) -> None:
     p.add_argument("--offload", type=fraction, default=0.0, help="fraction of layers kept in host RAM (0-1)")
     p.add_argument("--no-flash-attn", action="store_true", help="predict with flash attention off")
     p.add_argument("--n-ubatch", type=positive_int, default=512, help="llama.cpp physical batch (default 512)")
+    p.add_argument("--backend", default=None, help="llama.cpp backend: CUDA, ROCm, Vulkan, Metal, SYCL, CPU (default: "
+                   "the device vendor's: CUDA on NVIDIA, ROCm on AMD, Metal on Apple, SYCL on Intel)")
     p.add_argument("--host-bw-gbs", type=positive_float, default=None, help="host RAM bandwidth for offloaded layers, GB/s")
     p.add_argument("--host-mem-gib", type=positive_float, default=None, help="host RAM available for offload, GiB (default 64)")
     p.add_argument("--engine-build", default=None, help="engine build to predict for: a llama.cpp build number "

@@ -87,7 +87,8 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     m, g, mem, fit, thr, cal = d["model"], d["gpu"], d["memory"], d["fit"], d["throughput"], d["calibration"]
     gpus = f"{g['count']}x {g['name']}" if g["count"] > 1 else g["name"]
     rep = Report(
-        title=f"{m['name']} on {gpus} — {est.engine}, {est.quant.id}, {est.context:,} context",
+        title=f"{m['name']} on {gpus} — {est.engine}{f' ({est.backend})' if est.backend else ''}, {est.quant.id}, "
+              f"{est.context:,} context",
         subtitle=(
             f"{m['params_b']:.2f}B total, {m['active_params_b']:.2f}B active per token, "
             f"{m['architecture']} ({m['attention'].upper()}{', MoE' if m['moe'] else ''}), {m['layers']} layers; "

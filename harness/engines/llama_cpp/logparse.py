@@ -1,4 +1,4 @@
-"""Parsers of llama.cpp's log: its memory lines and its out-of-memory messages.
+"""Parsers of llama.cpp's log: its memory lines, its out-of-memory messages and the backend it ran on.
 
 Memory lines (llama.cpp logs, printed to stderr when ``verbose=True``) are matched on their suffix because
 the function-name prefix changes between versions: ``<buf> model buffer size = X MiB`` (older:
@@ -118,3 +118,26 @@ def _summarize_buffers(
         "buffers": {k: dict(v) for k, v in buffers.items() if v},
         "raw_lines": raw_lines,
     }
+
+
+# How each GPU backend announces itself (ggml/src/ggml-cuda/ggml-cuda.cu: "ggml_cuda_init: found N CUDA devices",
+# "ROCm devices" in a HIP build; ggml-metal: "ggml_metal_init"; ggml-vulkan: "ggml_vulkan: Found N Vulkan devices";
+# ggml-sycl: "ggml_sycl_init"), and the buffers named after them ("CUDA0 KV buffer size", "MTL0_Mapped model buffer").
+_BACKEND_MARKERS = (
+    ("ROCm", re.compile(r"ggml_cuda_init: found \d+ ROCm devices|\bROCm\d+ (?:model |KV |compute )?buffer")),
+    ("CUDA", re.compile(r"ggml_cuda_init: found \d+ CUDA devices|\bCUDA\d+ (?:model |KV |compute )?buffer")),
+    ("Metal", re.compile(r"ggml_metal_init|\bMTL\d*(?:_Mapped)? (?:model |KV |compute )?buffer|\bMetal (?:model |KV )?buffer")),
+    ("Vulkan", re.compile(r"ggml_vulkan: Found|\bVulkan\d+ (?:model |KV |compute )?buffer")),
+    ("SYCL", re.compile(r"ggml_sycl_init|\bSYCL\d+ (?:model |KV |compute )?buffer")),
+)
+_CPU_ONLY = re.compile(r"system_info:|assigned to device CPU|\bCPU(?:_Mapped|_REPACK)? model buffer size")
+
+
+def log_backend(log_text: str) -> str | None:
+    """The llama.cpp backend a log shows its run on (``predictor.backends`` ids: CUDA, ROCm, Metal, Vulkan, SYCL), CPU
+    where it names only the CPU (its system info, layers assigned to the CPU, CPU model buffers), None where it
+    says neither."""
+    for backend, pattern in _BACKEND_MARKERS:
+        if pattern.search(log_text):
+            return backend
+    return "CPU" if _CPU_ONLY.search(log_text) else None
