@@ -185,18 +185,22 @@ def run_check(dataset: Dataset, table: Coefficients, thresholds: Thresholds,
 
 def held_out_gate(dataset: Dataset, thresholds: Thresholds, failures: list[str]) -> dict[str, Any]:
     """The imported public results predicted with each source held out (:func:`calibration.crossval.
-    leave_one_source_out`): ``{quantity: {mape, p90, n, limit}}`` for decode and prefill, a failure appended where the
-    MAPE exceeds ``held_out_<quantity>_mape``."""
-    from calibration.crossval import error_metrics, leave_one_source_out
+    leave_one_source_out`): ``{quantity: {mape, p90, n, limit, folds, worst_ratio, beyond_2x, left_out}}`` for decode
+    and prefill (:func:`calibration.crossval.held_out_folds`: each source's fold, the worst row, the rows the score
+    leaves out and why), a failure appended where the pooled MAPE exceeds ``held_out_<quantity>_mape`` (the folds
+    are printed, not gated)."""
+    from calibration.crossval import error_metrics, held_out_folds, leave_one_source_out
 
-    imported = (error_metrics(dataset, leave_one_source_out(dataset)).get("origins") or {}).get("imported") or {}
+    predictions = leave_one_source_out(dataset)
+    imported = (error_metrics(dataset, predictions).get("origins") or {}).get("imported") or {}
+    folds = held_out_folds(dataset, predictions)
     out: dict[str, Any] = {}
     for q in ("decode", "prefill"):
         stats = imported.get(q) or {}
         if not stats.get("n"):
             continue
         limit = thresholds.limits[f"held_out_{q}_mape"]
-        out[q] = {"mape": stats["mape"], "p90": stats["p90"], "n": stats["n"], "limit": limit}
+        out[q] = {"mape": stats["mape"], "p90": stats["p90"], "n": stats["n"], "limit": limit, **folds[q]}
         if stats["mape"] > limit:
             failures.append(f"public results held out by source, {q}: MAPE {100 * stats['mape']:.1f}% > "
                             f"{100 * limit:.1f}% (n={stats['n']})")
@@ -241,6 +245,19 @@ def baseline_document(result: CheckResult, coefficients_source: str, runs_dirs: 
             "coefficients": coefficients_source, "runs_dirs": runs_dirs, "groups": result.metrics}
 
 
+def _fold_lines(quantity: str, stats: dict[str, Any]) -> list[str]:
+    """The held-out folds of one quantity, worst first, its worst row and what the score leaves out."""
+    folds = sorted((stats.get("folds") or {}).items(), key=lambda kv: -(kv[1]["mape"] or 0.0))
+    lines = [f"    {quantity} fold {name}: {100 * f['mape']:.1f}% (n={f['n']})" for name, f in folds if f["n"]]
+    if stats.get("worst_ratio") is not None:
+        lines.append(f"    {quantity} worst row {stats['worst_ratio']:.2f}x off; {stats['beyond_2x']} row(s) more than 2x off")
+    left = stats.get("left_out") or {}
+    if left:
+        lines.append(f"    {quantity} rows left out of the score: {sum(left.values())} ("
+                     + "; ".join(f"{reason}: {n}" for reason, n in left.items()) + ")")
+    return lines
+
+
 def summary_lines(result: CheckResult) -> list[str]:
     """One line per group: MAPE per quantity."""
     lines = []
@@ -254,6 +271,7 @@ def summary_lines(result: CheckResult) -> list[str]:
     for q, stats in (result.held_out or {}).items():
         lines.append(f"  public results held out by source: {q} {100 * stats['mape']:.1f}% (p90 {100 * stats['p90']:.1f}%, "
                      f"n={stats['n']}; limit {100 * stats['limit']:.0f}%)")
+        lines += _fold_lines(q, stats)
     pools = result.gpu_kv_pool
     if pools:
         lines.append(f"  vllm GPU KV pool (imported logs, none fitted): median |error| "

@@ -149,6 +149,44 @@ def error_metrics(dataset: Dataset, predictions: dict[str, np.ndarray]) -> dict[
     return out
 
 
+def _reason_label(reason: str) -> str:
+    """A short name for an exclusion reason: its text up to the first colon where that is short, else its words."""
+    head = reason.split(":", 1)[0].strip()
+    return head if len(head) <= 48 else " ".join(reason.split()[:6]) + " ..."
+
+
+def held_out_folds(dataset: Dataset, predictions: dict[str, np.ndarray],
+                   quantities: tuple[str, ...] = ("decode", "prefill")) -> dict[str, dict[str, Any]]:
+    """Per quantity, the imported public results' held-out errors fold by fold (``source_set``): ``folds``
+    (source -> mape, p90, n), ``worst_ratio`` (the largest factor between a scored row's prediction and its
+    measurement, either way), ``beyond_2x`` (scored rows more than 2x off) and ``left_out`` (imported rows with a
+    prediction that the score leaves out, by reason: an exclusion of their record, or repetitions spreading more
+    than 5%)."""
+    actual = measured(dataset)
+    out: dict[str, dict[str, Any]] = {}
+    for q in quantities:
+        block = dataset.blocks[_block_of(q)]
+        imported = block.meta["source"].to_numpy() == "imported"
+        scored = scored_rows(dataset, q) & imported
+        errors = np.where(scored, quantity_ape(q, predictions[q], actual[q]), np.nan)
+        sources = block.meta["source_set"].astype(str).to_numpy()
+        folds = {name: summarize_errors(errors[sources == name]) for name in sorted(set(sources[scored]))}
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.asarray(predictions[q], float) / np.asarray(actual[q], float)
+        factor = np.where(scored & np.isfinite(ratio) & (ratio > 0), np.maximum(ratio, 1.0 / ratio), np.nan)
+        left: dict[str, int] = {}
+        candidates = imported & block.features.valid & ~scored & (block.meta["batch"].to_numpy() == 1)
+        reasons = block.meta["exclude_reason"].to_numpy() if "exclude_reason" in block.meta else [None] * len(block)
+        for i in np.flatnonzero(candidates):
+            reason = reasons[i]
+            label = _reason_label(str(reason)) if isinstance(reason, str) and reason else "repetitions spread over 5%"
+            left[label] = left.get(label, 0) + 1
+        finite = factor[np.isfinite(factor)]
+        out[q] = {"folds": folds, "worst_ratio": round(float(finite.max()), 3) if len(finite) else None,
+                  "beyond_2x": int((finite > 2.0).sum()), "left_out": dict(sorted(left.items(), key=lambda kv: -kv[1]))}
+    return out
+
+
 def cross_validate(dataset: Dataset, table: dict[str, Any], prior: Coefficients | None = None) -> dict[str, Any]:
     """In-sample, LODO, LOMO and LOSO predictions and metrics: {"predictions": ..., "metrics": ...}.
 

@@ -111,3 +111,11 @@ def test_the_held_out_gate_refits_without_each_public_source(tmp_path, capsys):
     assert decode <= 10.0 and prefill <= 15.0  # the committed table meets the shipped limits held out
     assert "public results held out by source, prefill: MAPE" in out and "> 5.0%" in out
     assert "public results held out by source, decode" not in out.split("FAILED")[1]
+    # each source's fold is printed, with the worst row and the rows the score leaves out, by reason
+    folds = [line for line in out.splitlines() if line.startswith("    prefill fold ")]
+    assert len(folds) >= 10 and any("fold llama3-gpu-benchmarks:" in line for line in folds)
+    mapes = [float(line.split(": ")[-1].split("%")[0]) for line in folds]
+    assert mapes == sorted(mapes, reverse=True)  # worst first
+    assert any(line.startswith("    decode worst row ") and "more than 2x off" in line for line in out.splitlines())
+    left = next(line for line in out.splitlines() if line.startswith("    prefill rows left out of the score: "))
+    assert "mixture-of-experts prefill: " in left and "llama-perplexity" in left
