@@ -134,7 +134,9 @@ def evaluate(
     repack_share = np.asarray(cpu_repack, float)
     repack = mem.cpu_repack_bytes(layer_w, np.where(kind == "cpu", repack_share, 0.0)) if et.cpu_kernel_paths else 0.0
     resident_w = dev_w + repack
-    kv_total = mem.kv_cache_bytes(arch, context, batch, kv_bytes_per_element, engine)
+    # all ranks' KV together: vLLM's tensor parallelism replicates KV heads fewer than its ranks, and MLA's latent
+    kv_copies = mem.kv_replicas(arch, n_dev, engine)
+    kv_total = mem.kv_cache_bytes(arch, context, batch, kv_bytes_per_element, engine) * kv_copies
     kv_host_share = frac if et.layer_offload else 0.0  # llama.cpp keeps KV with its layer
     dev_kv = kv_total * (1.0 - kv_host_share)
     eager = np.logical_or(np.asarray(enforce_eager, bool), kind == "cpu")
@@ -161,7 +163,7 @@ def evaluate(
     # Weights streamed per step: the active layers and the LM head; the part on the host is read there.
     step_w = tp.decode_weight_bytes_per_step(arch, total_w, batch, bits_per_weight, bits_per_weight_non_expert)
     step_dev = (1.0 - frac) * (step_w - out_w) + np.where(out_on_device, out_w, 0.0)
-    kv_read = mem.kv_cache_bytes(arch, ctx_now, batch, kv_bytes_per_element, "llama.cpp")
+    kv_read = mem.kv_cache_bytes(arch, ctx_now, batch, kv_bytes_per_element, "llama.cpp") * kv_copies
     kv_reread = kv_read * (mem.attention_kv_read_factor(arch, engine, flash_attn) - 1.0)
     bw = _arr(bandwidth_gbs)
     quantized = _arr(bits_per_weight) < 16.0
@@ -261,7 +263,8 @@ def _max_context(arch, engine, coeffs, usable, dev_w, frac, n_dev, kv_bpe, batch
     kv_share = frac if traits(engine).layer_offload else 0.0
 
     def total_at(ctx):
-        kv = mem.kv_cache_bytes(arch, ctx, batch, kv_bpe, engine) * (1.0 - kv_share)
+        kv = (mem.kv_cache_bytes(arch, ctx, batch, kv_bpe, engine) * mem.kv_replicas(arch, n_dev, engine)
+              * (1.0 - kv_share))
         rt = mem.runtime_bytes(arch, engine, coeffs, ctx, n_ubatch, flash_attn, batch, eager, *budget) * n_dev
         return dev_w + kv + rt
 

@@ -17,6 +17,8 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from predictor.memory import tensor_parallel_refusal
+
 if TYPE_CHECKING:  # pragma: no cover
     from predictor.estimate import Estimate
 
@@ -132,6 +134,9 @@ def vllm_command(est: Estimate, vllm_est: Estimate | None) -> str:
         return f"# vLLM does not run on {est.device.name}"
     e = vllm_est or est
     m = e.model
+    refusal = tensor_parallel_refusal(m, e.device_count)
+    if refusal:
+        return f"# vLLM refuses --tensor-parallel-size {e.device_count} here: {refusal}"
     repo = m.hf_id or (m.source if m.source and not m.source.endswith(".gguf") else m.id)
     quant = e.quant.id
     if quant in ("AWQ", "GPTQ") and m.hf_id:

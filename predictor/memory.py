@@ -103,6 +103,61 @@ def kv_cache_bytes(arch: ModelArch, context, batch, kv_bytes_per_element, engine
     return elements * np.asarray(batch, float) * np.asarray(kv_bytes_per_element, float)
 
 
+def kv_replicas(arch: ModelArch, device_count, engine: str = "llama.cpp"):
+    """The KV bytes ``device_count`` ranks hold together over the model's KV bytes (:func:`tensor_parallel_shards`):
+    1 for a layer split or one device; under vLLM's tensor parallelism the size over the KV heads where there are
+    fewer heads than ranks (each rank keeps one), and the size itself for MLA's latent (whole on every rank)."""
+    n = np.maximum(np.asarray(device_count, float), 1.0)
+    if not traits(engine).tensor_parallel:
+        return np.ones_like(n)
+    if arch.is_mla:
+        return n
+    return np.maximum(n / max(arch.num_kv_heads, 1), 1.0)
+
+
+def tensor_parallel_shards(arch: ModelArch, device_count: int, engine: str = "vllm") -> dict:
+    """How vLLM splits a model's attention over ``device_count`` tensor-parallel ranks (a layer split, llama.cpp's,
+    splits nothing: one rank's share is the model's). Query heads split evenly (``ModelConfig.
+    verify_with_parallel_config`` refuses a size that does not divide them: :func:`tensor_parallel_refusal`); KV
+    heads split while there are at least as many as ranks, else each rank holds one and the heads are replicated
+    ``size / kv_heads`` times (``QKVParallelLinear``: ``num_kv_head_replicas``); MLA's latent cache
+    (``kv_lora_rank + qk_rope_head_dim`` per layer) is not split by heads at all: every rank holds it whole.
+    ``kv_replicas``: the KV bytes all ranks hold together over the model's KV bytes (1: no copy)."""
+    n = max(int(device_count), 1)
+    replicas = float(kv_replicas(arch, n, engine))
+    if n == 1 or not traits(engine).tensor_parallel:
+        return {"size": n, "attention_heads_per_rank": arch.num_attention_heads,
+                "kv_heads_per_rank": 1 if arch.is_mla else arch.num_kv_heads, "kv_replicas": 1.0,
+                "kv_split": "none" if n == 1 else "layer split: each device holds its layers' KV"}
+    heads = arch.num_attention_heads // n
+    if arch.is_mla:
+        return {"size": n, "attention_heads_per_rank": heads, "kv_heads_per_rank": 1, "kv_replicas": replicas,
+                "kv_split": "MLA latent cache whole on every rank"}
+    kvh = arch.num_kv_heads
+    if kvh >= n:
+        return {"size": n, "attention_heads_per_rank": heads, "kv_heads_per_rank": kvh // n, "kv_replicas": 1.0,
+                "kv_split": f"{kvh} KV heads split over {n} ranks"}
+    return {"size": n, "attention_heads_per_rank": heads, "kv_heads_per_rank": 1, "kv_replicas": replicas,
+            "kv_split": f"{kvh} KV heads, each replicated on {n // kvh} of {n} ranks"}
+
+
+def tensor_parallel_refusal(arch: ModelArch, device_count: int) -> str | None:
+    """Why vLLM refuses ``device_count`` tensor-parallel ranks for ``arch`` (None: it accepts them): the query
+    heads must divide evenly (vLLM's own message), and the KV heads must divide by the size or the size by them
+    (``QKVParallelLinear``'s ``divide``)."""
+    n = int(device_count)
+    if n <= 1:
+        return None
+    heads = arch.num_attention_heads
+    if heads % n:
+        return f"Total number of attention heads ({heads}) must be divisible by tensor parallel size ({n})"
+    kvh = arch.num_kv_heads
+    if not arch.is_mla and kvh and (kvh % n if kvh >= n else n % kvh):
+        return (f"the {kvh} KV heads of {arch.id} neither split over nor replicate evenly on {n} tensor-parallel "
+                "ranks")
+    return None
+
+
 def attention_through_memory(engine: str, flash_attn):
     """True where attention runs as ordinary matrix products: llama.cpp without flash attention. Its f32
     scores then go through memory (prefill) and each query head reads its K/V rows itself (decode);

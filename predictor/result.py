@@ -55,6 +55,15 @@ class Estimate:
     def verdict(self) -> str:
         return VERDICTS[int(self.values["verdict"])]
 
+    def _tensor_parallel(self, v: dict[str, Any]) -> dict[str, Any] | None:
+        """How the engine's tensor parallelism splits the attention over the devices (None: one device, or a layer
+        split): :func:`predictor.memory.tensor_parallel_shards`, with each rank's KV cache."""
+        n = int(self.device_count)
+        if n <= 1 or not mem.traits(self.engine).tensor_parallel:
+            return None
+        shards = mem.tensor_parallel_shards(self.model, n, self.engine)
+        return {**shards, "kv_cache_per_rank_gib": _r(float(v["kv_cache_bytes"]) / n / GIB)}
+
     def to_dict(self) -> dict[str, Any]:
         """The stable JSON contract of ``benchcal predict --format json`` (documented in docs/commands.md)."""
         v = self.values
@@ -97,6 +106,7 @@ class Estimate:
             "backend": None if self.backend is None else {
                 "id": self.backend, "chosen": "vendor default" if self.backend_default else "asked",
                 "expert_tile_tokens": self.expert_tile if self.model.num_experts else None},
+            "tensor_parallel": self._tensor_parallel(v),
             "quant": self.quant.id,
             "bits_per_weight": self.quant.bits_per_weight,
             "context": self.context,

@@ -23,7 +23,7 @@ from predictor.backends import Backend, scenario_backend
 from predictor.devices import Device, resolve_device
 from predictor.engines import traits
 from predictor.errors import BenchcalError, non_negative, positive
-from predictor.memory import vllm_batch_defaults
+from predictor.memory import tensor_parallel_refusal, vllm_batch_defaults
 from predictor.models import resolve_model
 from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype, resolve_quant
 from predictor.weights import WEIGHTS_FROM_FILE, format_bits, kernel_kwargs, known_weights_bytes
@@ -187,6 +187,10 @@ def validate_scenario(s: Scenario, arch: ModelArch, dev: Device, engine: str) ->
         raise BenchcalError(f"{engine} does not run on {dev.name} (engines there: {', '.join(dev.engines)})")
     if s.device_count > 1 and dev.kind != "gpu":
         raise BenchcalError(f"--gpus {s.device_count}: tensor parallelism needs discrete GPUs, {dev.name} is {dev.kind}")
+    if s.device_count > 1 and traits(engine).tensor_parallel:
+        refusal = tensor_parallel_refusal(arch, s.device_count)
+        if refusal:
+            raise BenchcalError(f"--gpus {s.device_count}: {engine} refuses this tensor-parallel size: {refusal}")
     scenario_backend(s.backend, dev.vendor, dev.name, engine)
     return arch
 

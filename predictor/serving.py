@@ -73,7 +73,9 @@ def kv_pool(est: Any, gpu_memory_utilization: float = mem.VLLM_GPU_MEMORY_UTILIZ
                    f"{per_device_weights / GIB:.2f} GiB - runtime {per_device_runtime / GIB:.2f} GiB ({counted}) "
                    "per device")
     # KV bytes one sequence of the asked context takes on each device (sliding windows capped, blocks rounded)
-    per_sequence = float(mem.kv_cache_bytes(est.model, est.context, 1, _kv_bytes(est), est.engine)) / n
+    # (a tensor-parallel rank's share: KV heads fewer than the ranks, and MLA's latent, are held on every rank)
+    per_sequence = float(mem.kv_cache_bytes(est.model, est.context, 1, _kv_bytes(est), est.engine)
+                         * mem.kv_replicas(est.model, n, est.engine)) / n
     tokens = int(pool / per_sequence * est.context) if per_sequence > 0 else 0
     tokens -= tokens % block
     held = int(pool // per_sequence) if per_sequence > 0 else 0

@@ -286,4 +286,10 @@ def prefill_seconds(
     t_gen = n * generic * coeffs["prefill_generic_flops_per_weight"] / peak if np.any(generic > 0) else 0.0
     q8 = np.asarray(q8_weights, float)
     t_q8 = n * q8 * coeffs["prefill_q8_flops_per_weight"] / peak if np.any(q8 > 0) else 0.0
-    return coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie + t_dq + t_up + t_gen + t_q8
+    # tensor parallelism: two all-reduces a layer in each ubatch's (vLLM: each chunk's) forward, as in decode's
+    # step; their latency only (the catalogue has no interconnect bandwidth to price their bytes)
+    ranks = np.asarray(device_count, float)
+    t_comm = (np.where(ranks > 1, n_ub * 2.0 * arch.num_layers * coeffs["tp_allreduce_us"] * 1e-6, 0.0)
+              if tensor_parallel and np.any(ranks > 1) else 0.0)
+    return (coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie + t_dq + t_up + t_gen + t_q8
+            + t_comm)

@@ -80,6 +80,8 @@ for name, argv in [
     ("bad engine build", [*P, "--engine-build", "banana"]),
     ("negative engine build", [*P, "--engine-build", "-5"]),
     ("tensor parallel on a unified device", ["predict", "--model", "llama-3-8b", "--gpu", "dgx-spark", "--gpus", "2"]),
+    ("tensor parallel size vLLM refuses", ["predict", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--engine", "vllm",
+                                           "--gpus", "3"]),
     ("missing coefficients", [*P, "--coefficients", "{tmp}/missing.json"]),
     ("coefficients is a folder", [*P, "--coefficients", "{tmp}"]),
 ]:

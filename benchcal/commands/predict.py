@@ -239,8 +239,8 @@ def register(sub) -> None:
                    "(default 0; depth + prompt must fit --ctx)")
     p.add_argument("--batch", type=positive_int, default=1, help="concurrent sequences (default 1)")
     p.add_argument("--kv-dtype", default=None, help="f16, bf16, q8_0, q4_0 (llama.cpp); bf16, fp8 (vLLM)")
-    p.add_argument("--gpus", type=positive_int, default=1, help="number of devices (tensor parallel for vLLM, layer split "
-                   "for llama.cpp)")
+    p.add_argument("--gpus", type=positive_int, default=1, help="number of devices (tensor parallel for vLLM, at a size "
+                   "that divides the model's attention heads; layer split for llama.cpp)")
     p.add_argument("--offload", type=fraction, default=0.0, help="fraction of layers kept in host RAM (0-1)")
     p.add_argument("--no-flash-attn", action="store_true", help="predict with flash attention off")
     p.add_argument("--n-ubatch", type=positive_int, default=512, help="llama.cpp physical batch (default 512)")

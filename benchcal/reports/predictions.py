@@ -28,10 +28,18 @@ from predictor.finetune import (
 )
 from predictor.grid import sweep_scenario
 from predictor.load import max_concurrency
+from predictor.memory import tensor_parallel_refusal
 from predictor.prices import CloudOffer, cheapest_rental, cloud_offers
-from predictor.quants import QuantFormat, quality_tier, quant_formats, resolve_kv_dtype, resolve_quant
+from predictor.quants import (
+    QuantFormat,
+    normalize_engine,
+    quality_tier,
+    quant_formats,
+    resolve_kv_dtype,
+    resolve_quant,
+)
 from predictor.registry import REGISTRY
-from predictor.scenario import Scenario
+from predictor.scenario import Scenario, scenario_arch
 from predictor.weights import (
     WEIGHTS_FROM_WIDTH,
     format_bits,
@@ -81,6 +89,14 @@ def long_context_note(arch: ModelArch) -> str:
             f"({rs.source}).")
 
 
+def _tp_kv_note(tp: dict | None) -> str:
+    """The KV row's note under tensor parallelism: each rank's share and what is held on several ranks."""
+    if not tp:
+        return ""
+    return (f" over {tp['size']} ranks, {tp['kv_cache_per_rank_gib']:.2f} GiB each ({tp['kv_split']}; "
+            f"{tp['attention_heads_per_rank']} query heads a rank)")
+
+
 def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
     """The fit report: breakdown, verdict, throughput, context scaling, launch commands."""
     d = est.to_dict()
@@ -118,7 +134,7 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
         weights_note += f" of {est.model.gguf_repo}"  # the files its launch commands download
     rep.add("Memory", "kv", [
         ["Model weights on device", f"{mem['weights_gib']:.2f} GiB ({weights_note})"],
-        ["KV cache", f"{mem['kv_cache_gib']:.2f} GiB"],
+        ["KV cache", f"{mem['kv_cache_gib']:.2f} GiB" + _tp_kv_note(d["tensor_parallel"])],
         ["Runtime & compute buffers", f"{mem['runtime_gib']:.2f} GiB"],
         ["Offloaded to host RAM", f"{mem['offload_gib']:.2f} GiB"],
         ["Required device memory", f"{mem['total_gib']:.2f} GiB ({mem['total_gib'] * GIB / 1e9:.2f} GB)"],
@@ -287,6 +303,8 @@ def add_rig_section(rep: Report, base: Scenario, devs: Sequence[Device], verdict
     for n in RIG_SIZES:
         if not left:
             break
+        if traits(normalize_engine(base.engine)).tensor_parallel and tensor_parallel_refusal(scenario_arch(base), n):
+            continue  # vLLM refuses this tensor-parallel size for the model
         r = sweep_scenario(base.replace(device_count=n), [devs[i] for i in left], [q], [context], [batch], table=table,
                            with_max_context=False)
         still = []
@@ -553,6 +571,8 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
     candidates = []  # (device, count, values)
     for n in rig_sizes:
         pool = devs if n == 1 else [d for d in devs if d.kind == "gpu"]
+        if traits(engine).tensor_parallel and tensor_parallel_refusal(arch, n):
+            continue  # vLLM refuses this tensor-parallel size for the model
         if not pool:
             continue
         r = sweep_scenario(Scenario(arch, engine=engine, device_count=n, prompt_tokens=prompt_tokens),
