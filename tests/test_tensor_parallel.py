@@ -94,3 +94,18 @@ def test_the_tensor_parallel_step_pays_two_all_reduces_a_layer_in_prefill_as_in_
     assert extra == pytest.approx(2 * 2 * 80 * 100e-6)  # 2 chunks x 2 all-reduces x 80 layers x 100 us
     one = {**kw, "device_count": 1}
     assert tp.prefill_seconds(arch, slow, **one) == pytest.approx(tp.prefill_seconds(arch, base, **one))
+
+
+def test_a_published_tp8_mla_log_holds_the_whole_latent_on_each_rank():
+    # vLLM's recipe for Kimi-K2-Thinking (DeepSeek-V3's attention) on 8 H200s: 46.80 GiB of KV on one rank held
+    # 715,072 tokens (tests/data/vllm/tp/README.md). The per-rank bytes a token predict it within the log's rounding
+    # of the GiB figure; a latent split over the ranks would read 8 times as many tokens.
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "data" / "vllm" / "tp" / "kimi-k2-thinking-tp8-h200.log").read_text()
+    gib = float(re.search(r"Available KV cache memory: ([\d.]+) GiB", text).group(1))
+    tokens = int(re.search(r"GPU KV cache size: ([\d,]+) tokens", text).group(1).replace(",", ""))
+    arch = resolve_model("deepseek-v3")
+    per_rank = mem.kv_cache_bytes(arch, 1, 1, 2.0, "llama.cpp") * mem.kv_replicas(arch, 8, "vllm") / 8
+    assert gib * GIB / per_rank == pytest.approx(tokens, rel=2e-3)
