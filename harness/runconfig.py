@@ -55,8 +55,14 @@ def prepare_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
         cfg["serve"] = normalize_serve(cfg["serve"])
         cfg["batch"] = cfg["serve"]["max_num_seqs"]
-        # the server that runs it (refused for an engine without one, before anything runs)
-        cfg["serve"]["server"] = engine_setup(cfg["engine"]).server_name(cfg["serve"].get("server"))
+        # the server that runs it (refused for an engine without one, before anything runs); an external server's
+        # is the one it says it is (harness.serving.external.probe), nothing to find here
+        if cfg["serve"].get("external") is not None and cfg["serve"].get("server") is not None:
+            from harness.engines.setup import EngineSetup
+
+            cfg["serve"]["server"] = EngineSetup.server_name(engine_setup(cfg["engine"]), cfg["serve"]["server"])
+        else:
+            cfg["serve"]["server"] = engine_setup(cfg["engine"]).server_name(cfg["serve"].get("server"))
         if int(cfg["gen_tokens"]) < 1:
             raise BenchcalError("a serving run generates at least one token per request (gen_tokens >= 1)")
     for key in ("context", "reps", "batch", "device_count"):
@@ -100,9 +106,11 @@ def check_model(cfg: Mapping[str, Any], setup: Any) -> None:
     file) with its overrides, and a context within the model's maximum (the engine's own options, formats and KV
     types are its setup's to check, in ``fill_defaults``)."""
     weights = str(cfg.get("weights") or "synthetic")
-    if weights not in ("synthetic", "hub") and not Path(weights).expanduser().exists():
+    if weights == "external" and not (cfg.get("serve") or {}).get("external"):
+        raise BenchcalError("weights 'external' names a server that is already running: give serve.external")
+    if weights not in ("synthetic", "hub", "external") and not Path(weights).expanduser().exists():
         raise BenchcalError(f"weights file {weights} does not exist")
-    if weights not in ("synthetic", "hub") and Path(weights).expanduser().is_dir():
+    if weights not in ("synthetic", "hub", "external") and Path(weights).expanduser().is_dir():
         return  # a model directory: the engine reads its config itself, the catalogue need not know it
     arch = setup.arch(cfg)
     if int(cfg["context"]) > int(arch.max_context):

@@ -91,6 +91,8 @@ def test_an_answer_that_is_not_http_is_an_error():
         _serve_once(b"")
 
 
-def test_only_plain_http_urls_are_taken():
+def test_only_http_and_https_urls_are_taken():
     with pytest.raises(HTTPStreamError):
+        asyncio.run(post_stream("ftp://127.0.0.1:1/v1/completions", {}))
+    with pytest.raises(OSError):  # https is taken (tests/test_serving_external.py reads a stream over TLS)
         asyncio.run(post_stream("https://127.0.0.1:1/v1/completions", {}))

@@ -27,6 +27,8 @@ examples:
   benchcal bench --gpu l4 --model qwen2.5-7b --weights ./qwen2.5-7b-instruct-q4_k_m.gguf
   benchcal bench --sweep cpu-smoke            # a shipped sweep (harness/sweeps/cpu-smoke.toml); resumes
   benchcal bench --sweep my-sweep.toml --runs-dir ./my-runs
+  benchcal bench --serve --endpoint https://gpu-box.example/v1 --api-key-env MY_KEY --gpu h100-sxm \
+      --model llama-3.1-8b --quant BF16 --concurrency 1,4,8   # a server that is already running
 
 Weights are synthetic by default: a GGUF with the model's real tensor shapes and random values, built
 once and cached under ~/.cache/benchcal (BENCHCAL_CACHE). Speed and memory do not depend on the values.
@@ -59,10 +61,12 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--gpu", default="auto", help="auto (the NVIDIA GPU if there is one, else cpu), cpu, or the "
                        "catalogue id of this machine's GPU (default auto)")
     bench.add_argument("--model", help="catalogue model id (smollm2-135m, llama-3.1-8b, ...)")
-    bench.add_argument("--engine", default="llama.cpp", help="llama.cpp, vllm, or transformers (a torch fallback on GPUs; default llama.cpp)")
+    bench.add_argument("--engine", default=None, help="llama.cpp, vllm, or transformers (a torch fallback on GPUs; "
+                       "default llama.cpp; with --endpoint, the engine the server says it runs)")
     bench.add_argument("--quant", default=None, help="weight format: F16, Q8_0, Q4_0, Q4_K_M, ... "
-                       "(default Q4_K_M for llama.cpp)")
-    bench.add_argument("--ctx", type=positive_int, default=2048, help="context length in tokens (default 2048)")
+                       "(default Q4_K_M for llama.cpp; with --endpoint, the format the server serves)")
+    bench.add_argument("--ctx", type=positive_int, default=None, help="context length in tokens (default 2048; with "
+                       "--endpoint, the server's own where it says)")
     bench.add_argument("--prompt", default="128,512", help="prompt lengths in tokens, comma-separated (default 128,512)")
     bench.add_argument("--gen", type=non_negative_int, default=64, help="tokens to generate per decode run (default 64)")
     bench.add_argument("--reps", type=positive_int, default=5, help="measured repetitions (default 5)")
@@ -93,6 +97,17 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--range-ratio", default=None, help="with --serve: each request's prompt and output lengths "
                        "drawn uniformly from L x (1 - R) to L x (1 + R) around --prompt and --gen, as vllm bench "
                        "serve's --random-range-ratio (0 to below 1; default 0, every request the same)")
+    bench.add_argument("--endpoint", default=None, metavar="URL",
+                       help="with --serve: drive a server that is already running (vLLM, llama-server, "
+                       "llama-cpp-python's) at its OpenAI API base, http://HOST:PORT/v1 or https://HOST/v1, "
+                       "instead of starting one; --gpu names the device it runs on, --model what it serves")
+    bench.add_argument("--api-key-env", default=None, metavar="NAME",
+                       help="with --endpoint: the environment variable holding the server's API key (sent as a "
+                       "bearer token; the key is written nowhere)")
+    bench.add_argument("--allow-insecure", action="store_true",
+                       help="with --endpoint: allow plain http:// to a host other than loopback")
+    bench.add_argument("--served-model", default=None, metavar="NAME",
+                       help="with --endpoint: the model id to request, where the server serves several")
     bench.add_argument("--trust-remote-code", action="store_true", help="allow a configuration's engine option "
                        "trust_remote_code (vLLM runs the model repository's own Python code); without this flag "
                        "such a configuration is refused")
@@ -179,13 +194,13 @@ def config_from_args(args: argparse.Namespace, device: str) -> dict[str, Any]:
         options["n_gpu_layers"] = args.n_gpu_layers
     if args.threads:
         options["threads"] = int(positive("--threads", args.threads))
-    engine = args.engine.strip().lower()
+    engine = (args.engine or "llama.cpp").strip().lower()
     overrides = _overrides(args.override)
     config = {
         "model": model, "engine": engine, "device": device,
         "quant": args.quant or (engine_setup(engine).default_quant if engine in ENGINES and not weights_is_path else None),
         "weights": args.weights, "model_source": "path" if weights_is_path else "catalogue",
-        "context": int(positive("--ctx", args.ctx)), "prompt_tokens": _prompt_lengths(args.prompt),
+        "context": int(positive("--ctx", args.ctx or 2048)), "prompt_tokens": _prompt_lengths(args.prompt),
         "gen_tokens": int(args.gen), "reps": int(positive("--reps", args.reps)), "warmup": int(args.warmup),
         "kv_dtype": args.kv_dtype, "engine_options": options,
     }
@@ -197,10 +212,35 @@ def config_from_args(args: argparse.Namespace, device: str) -> dict[str, Any]:
                            "requests": args.requests, "rounds": args.rounds, "server": args.server}
         if args.range_ratio is not None:
             config["serve"]["range_ratio"] = _ratio(args.range_ratio)
+        if args.endpoint is not None:
+            _external(args, config)
+    elif args.endpoint is not None:
+        raise BenchcalError("--endpoint measures a running server under load: add --serve")
     elif args.concurrency or args.request_rate or args.rounds != 1 or args.server or args.range_ratio is not None:
         raise BenchcalError("--concurrency, --request-rate, --rounds, --range-ratio and --server describe a load: "
                             "add --serve")
     return config
+
+
+def _external(args: argparse.Namespace, config: dict[str, Any]) -> None:
+    """``serve.external`` from ``--endpoint`` and its flags, checked before anything is sent (the key is read, and
+    the server asked what it is, when the run starts)."""
+    from harness.serving.external import normalize_external
+
+    if args.server:
+        raise BenchcalError("--server chooses a server for benchcal to start; with --endpoint the server is the one "
+                            "running there")
+    if args.weights != "synthetic" or args.override or args.flash_attn or args.n_gpu_layers is not None or args.threads:
+        raise BenchcalError("--weights, --override, --flash-attn, --n-gpu-layers and --threads configure an engine "
+                            "benchcal starts; with --endpoint the server runs as it was started")
+    config["serve"]["external"] = normalize_external({
+        "endpoint": args.endpoint, "api_key_env": args.api_key_env, "allow_insecure": bool(args.allow_insecure),
+        "served_model": args.served_model})
+    config.update({"weights": "external", "engine_options": {}, "quant": args.quant})
+    if args.ctx is None:
+        config.pop("context")  # the server's own where it says (vLLM's max_model_len)
+    if args.engine is None:
+        config.pop("engine")  # the server says which it runs
 
 
 def _levels(text: str | None, flag: str, kind: type) -> list:
@@ -272,7 +312,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     permit_remote_code(bool(args.trust_remote_code))
     root = records.ensure_writable(records.runs_dir(args.runs_dir))  # before anything is measured
-    device = resolve_bench_device(args.gpu)
+    device = _external_device(args) if args.endpoint else resolve_bench_device(args.gpu)
     if not args.sweep and not args.model and args.weights == "synthetic":
         from benchcal.commands.host_calibration import run_default
 
@@ -298,6 +338,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if all(o.record["status"] == "ok" for o in outcomes) else 1
 
 
+def _external_device(args: argparse.Namespace) -> str:
+    """The device a running server is on: this machine's (as ``--gpu`` resolves it here) for a loopback endpoint,
+    else the catalogue device ``--gpu`` names (nothing here to check it against)."""
+    from harness.serving.external import parse_endpoint
+    from predictor.devices import resolve_device
+
+    if args.sweep:
+        raise BenchcalError("--endpoint measures one server: it does not take --sweep")
+    endpoint = parse_endpoint(args.endpoint, api_key_env=args.api_key_env, allow_insecure=bool(args.allow_insecure),
+                              read_key=False)
+    if endpoint.loopback:
+        return resolve_bench_device(args.gpu)
+    wanted = (args.gpu or "auto").strip().lower()
+    if wanted in ("auto", "cpu"):
+        raise BenchcalError(f"--endpoint {endpoint.url} is another host: name the GPU it runs on with --gpu "
+                            "(a catalogue id; a remote CPU host cannot be described from here)")
+    return resolve_device(args.gpu).id
+
+
 def _host_id() -> str:
     from harness.hostinfo import host_identity
 
@@ -307,14 +366,19 @@ def _host_id() -> str:
 def _measure(configs: list[dict[str, Any]], root: Path, timeout: float | None) -> list[Any]:
     """Run each config through the harness with a progress bar; the stored outcomes."""
     from harness.protocol import Interrupted, prepare_config, run_config
-    from harness.serving.run import run_serving
+    from harness.serving.run import run_external_serving, run_serving
 
     outcomes = []
     with _Progress() as progress:
         for config in configs:
-            progress.start(prepare_config(config))
+            external = (config.get("serve") or {}).get("external")
+            if not external:
+                progress.start(prepare_config(config))
             try:
-                if config.get("serve"):
+                if external:  # a running server: asked what it is, then driven
+                    record, path = run_external_serving(config, root, say=progress.say)
+                    outcomes.append(SimpleNamespace(record=record, path=path))
+                elif config.get("serve"):
                     record, path = run_serving(config if timeout is None else {**config, "timeout_s": timeout}, root,
                                                say=progress.say)
                     outcomes.append(SimpleNamespace(record=record, path=path))

@@ -46,13 +46,13 @@ def run_default(args: argparse.Namespace, root: Path, device: str,
     from harness.sweep import load_sweep, pending
     from predictor.coefficients import default_coefficients
 
-    if args.engine.strip().lower() != "llama.cpp":
+    if (args.engine or "llama.cpp").strip().lower() != "llama.cpp":
         raise BenchcalError("bench without --model calibrates this machine for llama.cpp; for vLLM measure a sweep "
                             "(benchcal bench --engine vllm --sweep cpu-vllm-calibration) and run benchcal calibrate")
     host = _host(device)
     device_id = device_identity(device, host)
     kind = "cpu" if device == "cpu" else "gpu"
-    engine = args.engine.strip().lower()
+    engine = (args.engine or "llama.cpp").strip().lower()
     table = default_coefficients()
     if table.has_device(engine, device_id):
         sweep = load_sweep(SMOKE_SWEEP[kind])

@@ -8,7 +8,9 @@ engine's library.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import random
+import string
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +133,38 @@ def default_threads() -> int:
     physical = int(psutil.cpu_count(logical=False) or logical)
     physical = min(physical, logical)
     return physical if logical > physical else max(1, physical - 1)
+
+
+def sized_text(count_tokens: Callable[[str], int], n_tokens: int, rng: random.Random) -> str:
+    """Random letters grown or trimmed until a server's tokenizer (``count_tokens``) counts ``n_tokens`` tokens;
+    BenchcalError where 64 tries do not get there."""
+    from predictor.errors import BenchcalError
+
+    text = "".join(rng.choice(string.ascii_lowercase) for _ in range(max(1, n_tokens - 4)))
+    for _ in range(64):
+        have = count_tokens(text)
+        if have == n_tokens:
+            return text
+        if have < n_tokens:
+            text += "".join(rng.choice(string.ascii_lowercase) for _ in range(n_tokens - have))
+        else:
+            text = text[: max(1, len(text) - (have - n_tokens))]
+    raise BenchcalError(f"could not size a prompt to exactly {n_tokens} tokens with the server's tokenizer")
+
+
+def token_windows(tokenize: Callable[[str], list[int]], lengths: list[int], rng: random.Random) -> list[list[int]]:
+    """One prompt of token ids per length: windows of a server's tokenization (``tokenize``) of random words, so
+    every id is an ordinary token of its vocabulary; BenchcalError where it gives fewer tokens than the longest."""
+    from predictor.errors import BenchcalError
+
+    longest = max(lengths, default=1)
+    words = " ".join("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9)))
+                     for _ in range(max(64, 2 * longest)))
+    pool = tokenize(words)
+    if len(pool) < longest:
+        raise BenchcalError(f"the server's tokenizer gave {len(pool)} tokens, fewer than the {longest} asked for")
+    out = []
+    for n_tokens in lengths:
+        start = rng.randrange(0, len(pool) - n_tokens + 1)
+        out.append(pool[start:start + n_tokens])
+    return out

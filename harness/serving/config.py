@@ -19,7 +19,9 @@ with request rates only), which is the run's ``batch``; ``range_ratio`` (default
 prompt and output lengths are drawn uniformly from ``[int(L x (1 - r)), int(L x (1 + r))]`` around the run's lengths,
 as ``vllm bench serve --random-range-ratio`` draws them (at least one token each; the draw's seed is the record's
 ``measurements.serving.seed``). A serving run measures ``prompt_tokens[0]``-token prompts generating ``gen_tokens``
-tokens each (their means with a ``range_ratio``).
+tokens each (their means with a ``range_ratio``). ``external``: a server that is already running, which the run
+drives instead of starting one (``{endpoint, api_key_env, allow_insecure, served_model}``:
+:mod:`harness.serving.external`); its engine and ``server`` are what the server says it is.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 from predictor.errors import BenchcalError
 
 SERVE_KEYS = ("server", "concurrency", "request_rate", "requests", "rate_requests", "rounds", "warmup", "duration_s",
-              "request_timeout_s", "max_num_seqs", "range_ratio")
+              "request_timeout_s", "max_num_seqs", "range_ratio", "external")
 DEFAULT_RATE_ONLY_SEQS = 16
 
 
@@ -92,6 +94,10 @@ def normalize_serve(serve: Any) -> dict[str, Any]:
     }
     if serve.get("rate_requests") is not None:  # kept only where set, as range_ratio
         out["rate_requests"] = _positive(serve, "rate_requests", 0, int)
+    if serve.get("external") is not None:  # a server benchcal did not start (harness.serving.external)
+        from harness.serving.external import normalize_external
+
+        out["external"] = normalize_external(serve["external"])
     ratio = _ratio(serve)
     if ratio:  # kept only where lengths are drawn: a table without one names the same run as before the option
         out["range_ratio"] = ratio

@@ -136,18 +136,26 @@ def _head(raw: bytes) -> tuple[int, dict[str, str]]:
     return int(parts[1]), headers
 
 
-async def post_stream(url: str, payload: Mapping[str, Any]) -> tuple[int, dict[str, str], list[tuple[float, bytes]]]:
-    """POST ``payload`` as JSON to ``url`` (``http://host:port/path``) and read the whole response: its status,
-    its headers (lower-case names) and its body as ``(arrival, bytes)`` pieces in order. Raises OSError (refused,
-    reset) and HTTPStreamError; the caller bounds the time."""
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise HTTPStreamError(f"only http://host:port/path URLs are supported, got {url!r}")
-    host, port = parts.hostname, parts.port or 80
-    body = json.dumps(dict(payload)).encode()
-    request = (f"POST {parts.path or '/'}{'?' + parts.query if parts.query else ''} HTTP/1.1\r\n"
-               f"Host: {host}:{port}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
-               f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+class _TlsReader:
+    """Reads a TLS stream (asyncio's): the same ``take()`` as :class:`_Reader`, each read stamped with the time the
+    event loop got its decrypted bytes (TLS records are decrypted in user space: no kernel time to use)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.eof = False
+
+    async def take(self) -> list[tuple[float, bytes]]:
+        data = await self.reader.read(_READ)
+        if not data:
+            self.eof = True
+            return []
+        return [(time.perf_counter(), data)]
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def _connect_plain(host: str, port: int, request: bytes) -> _Reader:
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     family, kind, proto, _name, address = infos[0]
@@ -157,11 +165,49 @@ async def post_stream(url: str, payload: Mapping[str, Any]) -> tuple[int, dict[s
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     except OSError:
         pass  # no kernel receive times here: each read's own time stands in
-    reader = None
     try:
         await loop.sock_connect(sock, address)
         await loop.sock_sendall(sock, request)
-        reader = _Reader(loop, sock)
+    except BaseException:
+        sock.close()
+        raise
+    return _Reader(loop, sock)
+
+
+async def _connect_tls(host: str, port: int, request: bytes) -> _TlsReader:
+    import ssl
+
+    reader, writer = await asyncio.open_connection(host, port, ssl=ssl.create_default_context(),
+                                                   server_hostname=host)
+    try:
+        writer.write(request)
+        await writer.drain()
+    except BaseException:
+        writer.close()
+        raise
+    return _TlsReader(reader, writer)
+
+
+async def post_stream(url: str, payload: Mapping[str, Any], extra_headers: Mapping[str, str] | None = None,
+                      ) -> tuple[int, dict[str, str], list[tuple[float, bytes]]]:
+    """POST ``payload`` as JSON to ``url`` (``http://host:port/path``, or ``https://``: certificates verified
+    against the system's authorities, ``SSL_CERT_FILE`` where set) with ``extra_headers`` (an API key's
+    ``Authorization``), and read the whole response: its status, its headers (lower-case names) and its body as
+    ``(arrival, bytes)`` pieces in order. Raises OSError (refused, reset, a certificate refused) and
+    HTTPStreamError; the caller bounds the time."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise HTTPStreamError(f"only http(s)://host:port/path URLs are supported, got {parts.scheme}://...")
+    secure = parts.scheme == "https"
+    host, port = parts.hostname, parts.port or (443 if secure else 80)
+    body = json.dumps(dict(payload)).encode()
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (extra_headers or {}).items())
+    request = (f"POST {parts.path or '/'}{'?' + parts.query if parts.query else ''} HTTP/1.1\r\n"
+               f"Host: {host}:{port}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n{extra}"
+               f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+    reader: _Reader | _TlsReader | None = None
+    try:
+        reader = await (_connect_tls if secure else _connect_plain)(host, port, request)
         head, status, headers = b"", None, {}
         body_pieces: list[tuple[float, bytes]] = []
         chunked, length, received = None, None, 0
@@ -196,8 +242,6 @@ async def post_stream(url: str, payload: Mapping[str, Any]) -> tuple[int, dict[s
     finally:
         if reader is not None:
             reader.close()
-        else:
-            sock.close()
 
 
 def sse_lines(pieces: Iterable[tuple[float, bytes]]) -> Iterator[tuple[float, bytes]]:

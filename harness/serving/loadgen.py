@@ -82,15 +82,15 @@ def _token_times(events: list[tuple[float, dict[str, Any]]], usage: Mapping[str,
 
 
 async def stream_request(url: str, payload: Mapping[str, Any], timeout_s: float,
-                         keep_events: bool = False) -> RequestResult:
+                         keep_events: bool = False, headers: Mapping[str, str] | None = None) -> RequestResult:
     """POST one streaming completion and time its events by their bytes' arrival (:mod:`harness.serving.httpstream`:
     the kernel's receive time of each read); never raises for the server's failures. ``keep_events``: keep every
-    event with its arrival time in ``result.events``."""
+    event with its arrival time in ``result.events``; ``headers``: sent with the request (an API key's)."""
     result = RequestResult(started_s=time.perf_counter())
     events: list[tuple[float, dict[str, Any]]] = []
     usage: dict[str, Any] | None = None
     try:
-        status, _headers, pieces = await asyncio.wait_for(post_stream(url, payload), timeout_s)
+        status, _headers, pieces = await asyncio.wait_for(post_stream(url, payload, headers), timeout_s)
         if status != 200:
             body = b"".join(data for _, data in pieces)[:200].decode("utf-8", "replace").replace("\n", " ")
             result.error = f"HTTP {status}: {body}"
@@ -135,10 +135,12 @@ async def run_level(
     seed: int = 0,
     keep_events: bool = False,
     prompt_tokens: Callable[[int], int] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Send ``requests`` requests at a fixed ``concurrency`` or Poisson ``request_rate`` (exactly one of the two);
     no request starts after ``duration_s``. Returns every request's result and the level's wall time.
-    ``prompt_tokens(i)``: request ``i``'s prompt length, where the server's stream does not count it."""
+    ``prompt_tokens(i)``: request ``i``'s prompt length, where the server's stream does not count it; ``headers``:
+    sent with every request."""
     if (concurrency is None) == (request_rate is None):
         raise ValueError("a level has either a concurrency or a request rate")
     results: list[RequestResult] = []
@@ -146,7 +148,7 @@ async def run_level(
     stop_at = start + duration_s
 
     async def send(i: int) -> None:
-        result = await stream_request(url, payload(i), timeout_s, keep_events)
+        result = await stream_request(url, payload(i), timeout_s, keep_events, headers)
         if result.prompt_tokens is None and prompt_tokens is not None:
             result.prompt_tokens = prompt_tokens(i)
         results.append(result)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -37,8 +39,8 @@ SERVER_ENV = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND",
 class _MetricsWatch:
     """Reads the server's metrics every half second during a level: maxima of the gauges, deltas of the counters."""
 
-    def __init__(self, base_url: str, path: str | None) -> None:
-        self.base_url, self.path = base_url, path
+    def __init__(self, base_url: str, path: str | None, headers: Mapping[str, str] | None = None) -> None:
+        self.base_url, self.path, self.headers = base_url, path, headers
         self.samples: list[dict[str, float]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -51,7 +53,7 @@ class _MetricsWatch:
         return self
 
     def _read(self) -> None:
-        found = read_metrics(self.base_url, self.path or "/metrics")
+        found = read_metrics(self.base_url, self.path or "/metrics", self.headers)
         if found:
             self.samples.append(found)
 
@@ -182,8 +184,6 @@ def run_serving(
     cls = engine_class(cfg["engine"])
     port = free_port()
     log_path = log_path_for(cfg)
-    prompt_tokens = int(min(cfg["prompt_tokens"] or [128]))
-    output_tokens = int(cfg["gen_tokens"])
     levels = _levels(serve)
     status, reason, interrupted = "ok", None, False
     failed: ServerFailed | None = None
@@ -202,70 +202,172 @@ def run_serving(
             startup_s = process.startup_s
             if on_ready is not None:
                 on_ready(process)
-            rounds = int(serve.get("rounds") or 1)
-            counts = [level_requests(serve, level["request_rate"], level["concurrency"]) for level in levels]
-            total = serve["warmup"] + sum(counts) * rounds
-            draw = random.Random(rng_seed)  # each request's lengths (all the run's own without a range_ratio)
-            prompt_lengths = request_lengths(prompt_tokens, serve.get("range_ratio", 0.0), total, draw)
-            output_lengths = request_lengths(output_tokens, serve.get("range_ratio", 0.0), total, draw)
-            prompts = server.prompts(cfg, weights_path, process.base_url, prompt_lengths, rng_seed)
-            url = process.base_url + "/v1/completions"
-            payloads = [server.payload(p, n) for p, n in zip(prompts, output_lengths, strict=True)]
-            if serve["warmup"]:
-                tell(f"serving {cfg['model']} with {cfg['engine']}: {serve['warmup']} warm-up request(s)")
-                asyncio.run(run_level(url, lambda i: payloads[i], requests=serve["warmup"], concurrency=1,
-                                      timeout_s=serve["request_timeout_s"]))
-            offset = serve["warmup"]
-            for turn in range(rounds):
-                for index, level in enumerate(levels):
-                    label = (f"concurrency {level['concurrency']}" if level["concurrency"] is not None
-                             else f"{level['request_rate']:g} requests/s")
-                    if rounds > 1:
-                        label += f" (round {turn + 1} of {rounds})"
-                    tell(f"serving {cfg['model']} with {cfg['engine']}: {label}, {counts[index]} requests")
-                    base = offset
-                    # a request-rate level replays its first round's arrivals (the Poisson draw's seed) in each round
-                    arrivals = done[index][0]["seed"] if done[index] else rng_seed + base
-                    with _MetricsWatch(process.base_url, server.metrics_path) as watch:
-                        results, wall = asyncio.run(run_level(
-                            url, lambda i, base=base: payloads[base + i], requests=counts[index],
-                            concurrency=level["concurrency"], request_rate=level["request_rate"],
-                            duration_s=serve["duration_s"], timeout_s=serve["request_timeout_s"], seed=arrivals,
-                            prompt_tokens=lambda i, base=base: prompt_lengths[base + i]))
-                    offset += counts[index]
-                    done[index].append({"results": results, "wall": wall, "seed": arrivals,
-                                        "metrics": watch.summary(), "peak": process.memory().get("peak_bytes")})
+            _drive(cfg, server, process.base_url, levels, done, tell, rng_seed, weights_path, process.memory)
     except ServerFailed as exc:
         failed = exc
     except KeyboardInterrupt:
         status, reason, interrupted = "interrupted", "interrupted by the user (SIGINT/SIGTERM)", True
     finally:
         restore_sigterm(previous_term)
-    measured = [_level_entry(level, turns, prompt_tokens) for level, turns in zip(levels, done, strict=True) if turns]
     memory = process.memory()  # the server is stopped: its samplers' final report
     log_text, tail = process.log_tail()
     if failed is not None:
         returncode = process.proc.returncode if process.proc is not None else None
         status, reason = classify_failure(returncode if returncode is not None else 1, log_text, cls.oom_patterns,
                                           child_error=str(failed))
-    if status == "ok" and measured and not any(level["completed"] for level in measured):
-        messages = [m for level in measured for m in level["error_messages"]]
-        status, reason = "crash", f"no request completed: {messages[0] if messages else 'every request timed out'}"
     version = server.version() or _version(cls)  # a server binary of its own (llama-server): its build
     provenance.update({k: version.get(k) for k in ("engine_version", "engine_commit", "engine_build")})
-    provenance.update({"finished_at": records.utc_now(), "log_file": str(log_path),
-                       "wall_s": time.perf_counter() - started})
-    record = records.new_record(
-        cfg, status=status, reason=reason, memory=memory, provenance=provenance, log_tail=tail,
-        measurements={"serving": {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-                                  "range_ratio": serve.get("range_ratio", 0.0), "startup_s": startup_s, "port": port,
-                                  "seed": rng_seed, "levels": measured}},
-        prediction=None, prediction_reason="the predictor has no serving model yet",
-    )
-    path = records.store_record(records.sanitize_record(record), root, say=tell)
+    provenance["log_file"] = str(log_path)
+    record, path = _store(cfg, levels, done, status, reason, memory, provenance, tail,
+                          {"startup_s": startup_s, "port": port, "seed": rng_seed}, started, root, tell)
     if interrupted:
         raise Interrupted(path)
     return record, path
+
+
+def run_external_serving(
+    config: Mapping[str, Any],
+    runs_dir: Any = None,
+    *,
+    say: Callable[[str], None] | None = None,
+    seed: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[dict[str, Any], Any]:
+    """Measure a server benchcal did not start (``config["serve"]["external"]``: its endpoint, the environment
+    variable holding its API key, whether plain HTTP to another host is allowed, the served model) with the same
+    levels and record as :func:`run_serving`; (record, path). The server is asked what it is first
+    (:func:`harness.serving.external.probe`): its engine and server go into the config, what it says of itself
+    (``/v1/models``, ``/version``, whether ``/metrics`` answers) into ``provenance.external_server``. No engine is
+    launched and no memory measured (the record's memory says so); the API key is sent with every request and
+    written nowhere (the record is searched for it before it is stored)."""
+    from harness.hostbench import host_profile
+    from harness.protocol import Interrupted
+    from harness.provenance import base_provenance, git_commit, harness_version
+    from harness.record_schema import CONFIG_DEFAULTS
+    from harness.serving.external import EXTERNAL_NOTE, ExternalServer, parse_endpoint, probe, served_quant
+
+    ext = dict((config.get("serve") or {}).get("external") or {})
+    endpoint = parse_endpoint(ext.get("endpoint"), api_key_env=ext.get("api_key_env"),
+                              allow_insecure=bool(ext.get("allow_insecure")), environ=environ)
+    info = probe(endpoint, ext.get("served_model"))
+    asked = config.get("engine")
+    if asked and asked != info["engine"]:
+        raise BenchcalError(f"--engine {asked}: {endpoint.url} is {info['server']}, which runs {info['engine']}")
+    context = config.get("context")
+    served = next((m for m in info["models"] if str(m.get("id")) == info["served_model"]), {})
+    if context is None:  # the server's own context where it says (vLLM's max_model_len), else the harness default
+        context = served.get("max_model_len") or CONFIG_DEFAULTS["context"]
+    cfg = prepare_config({**config, "engine": info["engine"], "context": int(context),
+                          "quant": served_quant(info, config.get("quant")),
+                          "serve": {**config["serve"], "server": info["server"]}})
+    cfg["engine_options"] = {}  # the server runs as it was started: none of the options benchcal would give it
+    tell = say or print
+    root = records.ensure_writable(records.runs_dir(runs_dir))
+    # the machine the load generator ran on; the server's own only where it is this one (loopback)
+    if endpoint.loopback:
+        provenance = base_provenance(cfg, dict(host_profile()), None)
+    else:
+        provenance = {"source": "measured", "harness_version": harness_version(), "git_commit": git_commit(),
+                      "command_line": " ".join(sys.argv), "started_at": records.utc_now()}
+    provenance["external_server"] = {**info, "client_hostname": socket.gethostname(), "note": EXTERNAL_NOTE}
+    server = ExternalServer(endpoint, info)
+    levels = _levels(cfg["serve"])
+    done: list[list[dict[str, Any]]] = [[] for _ in levels]
+    rng_seed = seed if seed is not None else time.time_ns() % 2**32
+    status, reason, interrupted = "ok", None, False
+    started = time.perf_counter()
+    previous_term = install_sigterm()
+    try:
+        _drive(cfg, server, endpoint.root, levels, done, tell, rng_seed, None, dict, endpoint.headers(),
+               api_url=endpoint.api)
+    except KeyboardInterrupt:
+        status, reason, interrupted = "interrupted", "interrupted by the user (SIGINT/SIGTERM)", True
+    finally:
+        restore_sigterm(previous_term)
+    memory = {"peak_bytes": None, "peak_source": None, "sample_count": 0, "not_measured": EXTERNAL_NOTE}
+    provenance.update(server.version())
+    record, path = _store(cfg, levels, done, status, reason, memory, provenance, [],
+                          {"startup_s": None, "port": None, "seed": rng_seed}, started, root, tell,
+                          redact=endpoint.redact_all, secret=endpoint.key)
+    if interrupted:
+        raise Interrupted(path)
+    return record, path
+
+
+def _store(cfg: Mapping[str, Any], levels: list[dict[str, Any]], done: list[list[dict[str, Any]]], status: str,
+           reason: str | None, memory: Mapping[str, Any], provenance: dict[str, Any], tail: list[str],
+           run: Mapping[str, Any], started: float, root: Any, tell: Callable[[str], None],
+           redact: Callable[[Any], Any] | None = None, secret: str | None = None) -> tuple[dict[str, Any], Any]:
+    """The serving record of the levels run (``done``), stored; (record, path). A run where no request completed
+    is a crash with the first error. ``run``: the run's ``startup_s``, ``port`` and ``seed``; ``redact``: applied
+    to the whole record before it is stored; ``secret``: a text the stored record must not hold (refused)."""
+    import json
+
+    serve = cfg["serve"]
+    prompt_tokens = int(min(cfg["prompt_tokens"] or [128]))
+    measured = [_level_entry(level, turns, prompt_tokens) for level, turns in zip(levels, done, strict=True) if turns]
+    if status == "ok" and measured and not any(level["completed"] for level in measured):
+        messages = [m for level in measured for m in level["error_messages"]]
+        status, reason = "crash", f"no request completed: {messages[0] if messages else 'every request timed out'}"
+    provenance.update({"finished_at": records.utc_now(), "wall_s": time.perf_counter() - started})
+    record = records.new_record(
+        cfg, status=status, reason=reason, memory=dict(memory), provenance=provenance, log_tail=tail,
+        measurements={"serving": {"prompt_tokens": prompt_tokens, "output_tokens": int(cfg["gen_tokens"]),
+                                  "range_ratio": serve.get("range_ratio", 0.0), **run, "levels": measured}},
+        prediction=None, prediction_reason="the predictor has no serving model yet",
+    )
+    record = records.sanitize_record(record)
+    if redact is not None:
+        record = redact(record)
+    if secret and secret in json.dumps(record):
+        raise BenchcalError("the serving record held the API key after redaction: not stored")
+    return record, records.store_record(record, root, say=tell)
+
+
+def _drive(cfg: Mapping[str, Any], server: Any, base_url: str, levels: list[dict[str, Any]],
+           done: list[list[dict[str, Any]]], tell: Callable[[str], None], rng_seed: int, weights_path: Any,
+           memory: Callable[[], dict[str, Any]], headers: Mapping[str, str] | None = None,
+           api_url: str | None = None) -> None:
+    """Warm the server up and run every level of every round against ``base_url``, each round's results appended
+    to its level's list in ``done`` as it ends (so an interrupted run keeps the rounds it finished). ``memory()``:
+    the peak so far; ``headers``: sent with every request and metrics read (an external server's API key);
+    ``api_url``: the OpenAI API's base (default ``base_url`` + ``/v1``)."""
+    serve = cfg["serve"]
+    prompt_tokens = int(min(cfg["prompt_tokens"] or [128]))
+    output_tokens = int(cfg["gen_tokens"])
+    rounds = int(serve.get("rounds") or 1)
+    counts = [level_requests(serve, level["request_rate"], level["concurrency"]) for level in levels]
+    total = serve["warmup"] + sum(counts) * rounds
+    draw = random.Random(rng_seed)  # each request's lengths (all the run's own without a range_ratio)
+    prompt_lengths = request_lengths(prompt_tokens, serve.get("range_ratio", 0.0), total, draw)
+    output_lengths = request_lengths(output_tokens, serve.get("range_ratio", 0.0), total, draw)
+    prompts = server.prompts(cfg, weights_path, base_url, prompt_lengths, rng_seed)
+    url = (api_url or base_url + "/v1") + "/completions"
+    payloads = [server.payload(p, n) for p, n in zip(prompts, output_lengths, strict=True)]
+    if serve["warmup"]:
+        tell(f"serving {cfg['model']} with {cfg['engine']}: {serve['warmup']} warm-up request(s)")
+        asyncio.run(run_level(url, lambda i: payloads[i], requests=serve["warmup"], concurrency=1,
+                              timeout_s=serve["request_timeout_s"], headers=headers))
+    offset = serve["warmup"]
+    for turn in range(rounds):
+        for index, level in enumerate(levels):
+            label = (f"concurrency {level['concurrency']}" if level["concurrency"] is not None
+                     else f"{level['request_rate']:g} requests/s")
+            if rounds > 1:
+                label += f" (round {turn + 1} of {rounds})"
+            tell(f"serving {cfg['model']} with {cfg['engine']}: {label}, {counts[index]} requests")
+            base = offset
+            # a request-rate level replays its first round's arrivals (the Poisson draw's seed) in each round
+            arrivals = done[index][0]["seed"] if done[index] else rng_seed + base
+            with _MetricsWatch(base_url, server.metrics_path, headers) as watch:
+                results, wall = asyncio.run(run_level(
+                    url, lambda i, base=base: payloads[base + i], requests=counts[index],
+                    concurrency=level["concurrency"], request_rate=level["request_rate"],
+                    duration_s=serve["duration_s"], timeout_s=serve["request_timeout_s"], seed=arrivals,
+                    prompt_tokens=lambda i, base=base: prompt_lengths[base + i], headers=headers))
+            offset += counts[index]
+            done[index].append({"results": results, "wall": wall, "seed": arrivals,
+                                "metrics": watch.summary(), "peak": memory().get("peak_bytes")})
 
 
 def _version(cls: Any) -> dict[str, Any]:

@@ -145,10 +145,12 @@ def parse_metrics(text: str, names: Sequence[str] = SERVER_METRICS) -> dict[str,
     return out
 
 
-def read_metrics(base_url: str, path: str = "/metrics") -> dict[str, float] | None:
-    """The server's metrics now, or None when it has no such endpoint."""
+def read_metrics(base_url: str, path: str = "/metrics", headers: Mapping[str, str] | None = None,
+                 ) -> dict[str, float] | None:
+    """The server's metrics now, or None when it has no such endpoint. ``headers``: sent with the request."""
     try:
-        with urllib.request.urlopen(base_url + path, timeout=2.0) as response:
+        request = urllib.request.Request(base_url + path, headers=dict(headers or {}))
+        with urllib.request.urlopen(request, timeout=2.0) as response:
             return parse_metrics(response.read().decode("utf-8", errors="replace"))
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
         return None

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import random
-import string
 import sys
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
 from harness.engines.llama_cpp.engine import KV_TYPES
-from harness.engines.setup import ServerSetup, default_threads
+from harness.engines.setup import ServerSetup, default_threads, sized_text, token_windows
 from predictor.errors import BenchcalError
 
 
@@ -46,21 +45,9 @@ class LlamaCppServer(ServerSetup):
 
     def prompts(self, cfg: Mapping[str, Any], weights_path: str | None, base_url: str, lengths: list[int],
                 seed: int) -> list[Any]:
+        """Random letters sized to each length by the server's tokenizer (its completions take text only)."""
         rng = random.Random(seed)
-        return [self._sized_text(base_url, n_tokens, rng) for n_tokens in lengths]
-
-    def _sized_text(self, base_url: str, n_tokens: int, rng: random.Random) -> str:
-        """Random letters grown or trimmed until the server's tokenizer counts ``n_tokens`` tokens."""
-        text = "".join(rng.choice(string.ascii_lowercase) for _ in range(max(1, n_tokens - 4)))
-        for _ in range(64):
-            have = len(_tokenize(base_url, text))
-            if have == n_tokens:
-                return text
-            if have < n_tokens:
-                text += "".join(rng.choice(string.ascii_lowercase) for _ in range(n_tokens - have))
-            else:
-                text = text[: max(1, len(text) - (have - n_tokens))]
-        raise BenchcalError(f"could not size a prompt to exactly {n_tokens} tokens with the server's tokenizer")
+        return [sized_text(lambda text: len(_tokenize(base_url, text)), n_tokens, rng) for n_tokens in lengths]
 
     def payload(self, prompt: Any, output_tokens: int) -> dict[str, Any]:
         return {"prompt": prompt, "max_tokens": output_tokens, "min_tokens": output_tokens, "stream": True,
@@ -133,18 +120,7 @@ class LlamaServerBinary(ServerSetup):
     def prompts(self, cfg: Mapping[str, Any], weights_path: str | None, base_url: str, lengths: list[int],
                 seed: int) -> list[Any]:
         """Windows of each length's ids from the server's tokenization of random words (ordinary tokens only)."""
-        rng = random.Random(seed)
-        longest = max(lengths, default=1)
-        words = " ".join("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9)))
-                         for _ in range(max(64, 2 * longest)))
-        pool = _llama_server_tokenize(base_url, words)
-        if len(pool) < longest:
-            raise BenchcalError(f"the server's tokenizer gave {len(pool)} tokens, fewer than the {longest} asked for")
-        out = []
-        for n_tokens in lengths:
-            start = rng.randrange(0, len(pool) - n_tokens + 1)
-            out.append(pool[start:start + n_tokens])
-        return out
+        return token_windows(lambda words: _llama_server_tokenize(base_url, words), lengths, random.Random(seed))
 
     def payload(self, prompt: Any, output_tokens: int) -> dict[str, Any]:
         return {"prompt": prompt, "max_tokens": output_tokens, "ignore_eos": True, "stream": True,
