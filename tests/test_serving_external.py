@@ -194,3 +194,32 @@ def test_bench_drives_the_server_from_the_command_line(keyed_server, tmp_path):
     (record_path,) = tmp_path.rglob("*.json")
     assert KEY not in record_path.read_text()
 
+
+
+@pytest.mark.vllm
+def test_a_running_vllm_server_is_named_by_its_version_and_metrics(cache, tmp_path):
+    # vLLM's server as a user would have started it (here by the harness, on a synthetic model without a
+    # tokenizer), then driven from outside: /version and /metrics are its own
+    pytest.importorskip("vllm")
+    from harness.engines.vllm.server import VllmServer
+    from harness.runconfig import prepare_config, prepare_weights
+    from harness.serving.run import run_external_serving
+    from harness.serving.server import ServerProcess, free_port
+
+    shrink = {"num_layers": 2, "vocab_size": 4096}
+    cfg = prepare_config({"model": "qwen2.5-0.5b", "engine": "vllm", "device": "cpu", "context": 512,
+                          "prompt_tokens": [32], "gen_tokens": 8, "arch_overrides": shrink,
+                          "engine_options": {"threads": 2}, "serve": {"concurrency": [1, 2]}})
+    weights, _ = prepare_weights(cfg)
+    server, port = VllmServer(), free_port()
+    with ServerProcess(server.command(cfg, weights, port), tmp_path / "server.log", port=port,
+                       env=server.environment(cfg, os.environ), startup_timeout_s=600):
+        external = {**_external(port), "model": "qwen2.5-0.5b", "quant": "BF16", "arch_overrides": shrink}
+        record, _path = run_external_serving(external, tmp_path / "runs", say=print, environ={})
+    assert record["status"] == "ok", record["reason"]
+    assert (record["config"]["engine"], record["config"]["serve"]["server"]) == ("vllm", "vllm")
+    ext = record["provenance"]["external_server"]
+    assert ext["owned_by"] == "vllm" and ext["metrics"] is True and "random token ids" in ext["prompts"]
+    assert record["provenance"]["engine_version"] == ext["version"]["version"]
+    for level in record["measurements"]["serving"]["levels"]:
+        assert level["completed"] == 4 and level["server_metrics"]["generation_tokens"] == 4 * 8

@@ -253,7 +253,26 @@ class ExternalServer(ServerSetup):
         rng = random.Random(seed)
         if self.info["server"] == "llama-cpp-python":  # text prompts only: grown or cut to the count
             return [sized_text(lambda text: len(self._tokenize(text)), n, rng) for n in lengths]
+        if self.info["server"] == "vllm" and not self._has_tokenizer():
+            # a vLLM server started without a tokenizer (--skip-tokenizer-init) takes token ids and counts them:
+            # ordinary ids of the model's vocabulary, as for the vLLM server benchcal starts
+            from harness.engines.base import random_token_ids
+            from harness.engines.vllm.options import special_token_ids
+            from harness.runconfig import model_arch
+            from harness.synthetic_hf import catalogue_config
+
+            vocab = int(model_arch(cfg).vocab_size)
+            specials = sorted(special_token_ids(catalogue_config(str(cfg["model"])) or {}))
+            self.info["prompts"] = "random token ids of the model's vocabulary (the server has no tokenizer)"
+            return [random_token_ids(n, vocab, rng, specials) for n in lengths]
+        self.info["prompts"] = "windows of the server's own tokenization of random words"
         return token_windows(self._tokenize, lengths, rng)
+
+    def _has_tokenizer(self) -> bool:
+        ep = self.endpoint
+        found = _json(ep, ep.root + "/tokenize", {"model": self.info["served_model"], "prompt": "a b",
+                                                  "add_special_tokens": False})
+        return isinstance(found, dict) and isinstance(found.get("tokens"), list)
 
     def _tokenize(self, text: str) -> list[int]:
         ep, server = self.endpoint, self.info["server"]

@@ -286,6 +286,7 @@ def run_external_serving(
         restore_sigterm(previous_term)
     memory = {"peak_bytes": None, "peak_source": None, "sample_count": 0, "not_measured": EXTERNAL_NOTE}
     provenance.update(server.version())
+    provenance["external_server"]["prompts"] = server.info.get("prompts")  # how they were sized
     record, path = _store(cfg, levels, done, status, reason, memory, provenance, [],
                           {"startup_s": None, "port": None, "seed": rng_seed}, started, root, tell,
                           redact=endpoint.redact_all, secret=endpoint.key)
