@@ -194,6 +194,18 @@ class Coefficients:
         return CoefficientSet(engine, values, "calibrated", scope_name, source, unc, bands, origin, applied,
                               band_source)
 
+    def evidence(self, engine: str, device_id: str) -> list[tuple[str | None, str]]:
+        """The (backend, format family) pairs of the runs of ``engine`` on ``device_id`` the table was fitted on
+        (``engines.<engine>.evidence.devices``, written by ``benchcal calibrate``; :mod:`predictor.evidence`)."""
+        found = ((((self.table.get("engines") or {}).get(engine) or {}).get("evidence") or {}).get("devices") or {})
+        return [(pair[0], pair[1]) for pair in found.get(device_id) or []]
+
+    def family_evidence(self, engine: str, family: str, key: str = "families") -> list[tuple[str | None, str]]:
+        """As :meth:`evidence`, over the runs of a device family (``evidence.families``), or with ``key="kinds"``
+        of a device kind (``evidence.kinds``: gpu, unified, cpu)."""
+        found = ((((self.table.get("engines") or {}).get(engine) or {}).get("evidence") or {}).get(key) or {})
+        return [(pair[0], pair[1]) for pair in found.get(family) or []]
+
     def era_overlay(self, engine: str, era: str | None, kind: str | None) -> dict[str, Any]:
         """The era terms fitted for ``era`` on devices of ``kind`` (empty when the table has none)."""
         eras = ((self.table.get("engines") or {}).get(engine) or {}).get("eras") or {}
@@ -222,8 +234,9 @@ class Coefficients:
         return bool((((self.table.get("engines") or {}).get(engine) or {}).get("devices") or {}).get(device_id))
 
     def with_devices_from(self, other: Coefficients) -> Coefficients:
-        """This table with the device scopes and serving fits of ``other`` (a user's fit) replacing its own; the
-        families and engine scopes stay this table's. Each merged scope carries ``other``'s source."""
+        """This table with the device scopes and serving fits of ``other`` (a user's fit) replacing its own, with
+        their evidence index; the families and engine scopes stay this table's. Each merged scope carries
+        ``other``'s source."""
         if not other.table:
             return self
         table = json.loads(json.dumps(self.table)) if self.table else {"schema_version": 1, "engines": {}}
@@ -231,6 +244,10 @@ class Coefficients:
             mine = table.setdefault("engines", {}).setdefault(engine, {"default": {}, "families": {}, "devices": {}})
             for device_id, entry in (eng.get("devices") or {}).items():
                 mine.setdefault("devices", {})[device_id] = {**entry, "source": entry.get("source") or other.source}
+                # and what runs the merged scope was fitted on (predictor.evidence)
+                found = ((eng.get("evidence") or {}).get("devices") or {}).get(device_id)
+                if found is not None:
+                    mine.setdefault("evidence", {}).setdefault("devices", {})[device_id] = found
         for engine, fits in (other.table.get("serving") or {}).items():
             table.setdefault("serving", {}).setdefault(engine, {}).update(fits)
         merged_from = [p for p in (self.path, other.path) if p]

@@ -19,6 +19,7 @@ from predictor.coefficients import Coefficients, default_coefficients, load_coef
 from predictor.devices import Device
 from predictor.engines import traits
 from predictor.eras import cublas_dequant, era_description, era_for_build
+from predictor.evidence import evidence_level
 from predictor.launch import launch_commands
 from predictor.quants import normalize_engine
 from predictor.result import VERDICTS, Estimate
@@ -388,6 +389,7 @@ def predict_scenario(
         era=era_description(eng, dev.kind, era, engine_build, cset, overlay=bool(table.era_overlay(eng, era, dev.kind)),
                             device=dev),
     )
+    est.evidence = evidence_level(cset, table, eng, dev.id, dev.kind, est.backend, q.id)
     est.serving = kv_pool(est, s.gpu_memory_utilization or mem.VLLM_GPU_MEMORY_UTILIZATION,
                           inputs.kwargs["max_num_seqs"], bool(s.enforce_eager), bool(s.flashinfer_sampler))
     if launch:

@@ -45,6 +45,7 @@ class Estimate:
     prompt_depth: int = 0  # tokens already in the KV cache when the prompt arrives
     backend: str | None = None  # llama.cpp's backend (predictor.backends); None for vLLM
     backend_default: bool = True  # the device vendor's default backend (else the one asked for)
+    evidence: dict[str, Any] | None = None  # predictor.evidence.evidence_level of this prediction
     expert_tile: int | None = None  # token columns of the tiles a MoE's routed experts are multiplied in (prefill)
 
     @property
@@ -68,6 +69,7 @@ class Estimate:
         """The stable JSON contract of ``benchcal predict --format json`` (documented in docs/commands.md)."""
         v = self.values
         d, m = self.device, self.model
+        ev = self.evidence  # predictor.evidence: the level, its basis and the band at that level
         # the cheapest dated on-demand offer of the devices predicted (what benchcal cost and recommend quote too)
         rental = cheapest_rental(d, int(self.device_count)) if d.kind != "cpu" else None
         price = rental[1].usd_per_gpu_hour if rental else None
@@ -148,7 +150,9 @@ class Estimate:
             },
             "calibration": {
                 "status": c.status, "scope": c.scope, "source": c.source,
-                "error_band": dict(c.error_band), "error_band_source": c.band_source, "note": host_calibration_note(self.device.kind, self.device.id, c.scope),
+                "error_band": dict(ev["band"]) if ev else dict(c.error_band),
+                "error_band_source": ev["band_source"] if ev else c.band_source,
+                "evidence": None if ev is None else {"level": ev["level"], "basis": ev["basis"]}, "note": host_calibration_note(self.device.kind, self.device.id, c.scope),
                 "coefficients": {k: c.values[k] for k in sorted(c.values)},
                 "coefficient_sources": {k: c.source_of(k) for k in sorted(c.values)},
                 "era": dict(self.era),

@@ -194,7 +194,7 @@ def cmd_recommend(args) -> int:
     rep = recommend_report(arch, args.ctx, args.quant, engine, min_decode=args.min_decode or 0.0,
                            budget_usd=args.budget, table=_table(args), max_ttft_ms=args.max_ttft_ms,
                            max_tpot_ms=args.max_tpot_ms, output_tokens=args.output_tokens,
-                           prompt_tokens=prompt)
+                           prompt_tokens=prompt, evidence=args.evidence)
     emit(render(rep, args.format), args)
     return 0
 
@@ -308,6 +308,10 @@ def register(sub) -> None:
     p.add_argument("--max-tpot-ms", type=positive_float, default=None, help="serving target: time per output token, ms")
     p.add_argument("--output-tokens", type=positive_int, default=256, help="with a serving target: tokens generated "
                    "per request (default 256)")
+    p.add_argument("--evidence", choices=("measured", "family", "prior", "any"), default="any",
+                   help="only devices whose prediction has this evidence or better: measured (runs of the device, "
+                   "engine, backend and format family in the fit), family, prior (the physics prior), any "
+                   "(default; extrapolated too)")
     p.set_defaults(func=cmd_recommend)
 
     p = sub.add_parser("models", help="list the model catalogue; with --gpu, every model on that device", formatter_class=RAW,

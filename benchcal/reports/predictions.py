@@ -18,6 +18,7 @@ from predictor.coefficients import Coefficients
 from predictor.devices import Device, load_devices
 from predictor.engines import traits
 from predictor.estimate import GIB, VERDICTS, Estimate, offload_that_runs, predict
+from predictor.evidence import admits, device_evidence
 from predictor.finetune import (
     METHOD_LABELS,
     METHODS,
@@ -48,6 +49,9 @@ from predictor.weights import (
     weights_bits_per_weight,
 )
 
+EVIDENCE_NOTE = ("Evidence: measured (runs of this device, engine, backend and format family in the fit), family "
+                 "(of its family, or of the device in another format), prior (the physics prior), extrapolated "
+                 "(nothing fitted describes it); the band is the cross-validated p90 error at that level.")
 STANDARD_CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072)
 MATRIX_QUANTS = ("BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M", "Q2_K", "UD-Q2_K_XL")
 VLLM_MATRIX_QUANTS = ("BF16", "FP8", "AWQ", "GPTQ")
@@ -87,6 +91,18 @@ def long_context_note(arch: ModelArch) -> str:
         return ""
     return (f" Beyond the config's {arch.native_max_context:,} tokens: {rs.describe()}, as the model card documents "
             f"({rs.source}).")
+
+
+def _evidence(table: Coefficients | None, engine: str, device: Device, quant: str) -> dict[str, Any]:
+    """The evidence of a row's prediction (:func:`predictor.evidence.device_evidence`): its level, its basis and
+    the band at that level, as ``predict`` names them."""
+    ev = device_evidence(table or Coefficients(), engine, device, quant)
+    return {"level": ev["level"], "basis": ev["basis"], "band": {k: round(v, 4) for k, v in ev["band"].items()}}
+
+
+def _level(ev: dict[str, Any], quantity: str = "decode") -> str:
+    band = ev["band"].get(quantity)
+    return f"{ev['level']} (±{band * 100:.0f}%)" if band else ev["level"]
 
 
 def _tp_kv_note(tp: dict | None) -> str:
@@ -183,6 +199,7 @@ def predict_report(est: Estimate, table: Coefficients | None = None) -> Report:
          "--defaults)", ""],
         ["Engine build era", cal["era"]["note"], ""],
         *([["Host", cal["note"], ""]] if cal.get("note") else []),
+        ["Evidence", cal["evidence"]["level"], cal["evidence"]["basis"]],
         ["Error band", ", ".join(f"{k} ±{v * 100:.0f}%" for k, v in band.items()) or "— (uncalibrated)",
          cal.get("error_band_source") or ""],
         *[[k, f"{v:g}", cal["coefficient_sources"][k]] for k, v in cal["coefficients"].items()
@@ -317,7 +334,7 @@ def add_rig_section(rep: Report, base: Scenario, devs: Sequence[Device], verdict
                              "usable_gib": _finite(v["usable_bytes"] / GIB, 3),
                              "decode_tok_s": _finite(v["decode_tok_s"], 2), "ttft_s": _finite(v["ttft_s"], 4),
                              "price_usd": n * d.price_usd if d.price_usd else None,
-                             "cloud_usd_per_hour": _hourly(d, n)})
+                             "cloud_usd_per_hour": _hourly(d, n), "evidence": _evidence(table, base.engine, d, q.id)})
             else:
                 still.append(i)
         left = still
@@ -328,8 +345,8 @@ def add_rig_section(rep: Report, base: Scenario, devs: Sequence[Device], verdict
             [f"{x['count']}x {x['name']}", x["status"], f"{x['total_gib']:.1f} / {x['usable_gib']:.1f}",
              _rounded(x["decode_tok_s"], 1) if x["decode_tok_s"] is not None else "—",
              _rounded(x["ttft_s"], 2) if x["ttft_s"] is not None else "—",
-             f"${x['price_usd']:,.0f}" if x["price_usd"] else "—"] for x in rigs],
-            ["Rig", "Status", "Total / usable GiB", "Decode tok/s", "TTFT s", "Price"],
+             f"${x['price_usd']:,.0f}" if x["price_usd"] else "—", _level(x["evidence"])] for x in rigs],
+            ["Rig", "Status", "Total / usable GiB", "Decode tok/s", "TTFT s", "Price", "Evidence (decode band)"],
             note=f"{'Layer split' if base.engine == 'llama.cpp' else 'Tensor parallel'} over the GPUs; memory is "
                  "the whole rig's; price is the cards' alone.")
         rep.sections[-1].interactive = True
@@ -358,6 +375,7 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
         status = VERDICTS[int(v["verdict"])]
         runs = v["verdict"] <= 1
         offload = offloads.get(i)
+        ev = _evidence(table, engine, devs[i], q.id)
         data_rows.append({
             "device": devs[i].id, "name": devs[i].name, "status": status,
             "total_gib": _finite(v["total_bytes"] / GIB, 3), "usable_gib": _finite(v["usable_bytes"] / GIB, 3),
@@ -365,7 +383,7 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
             "ttft_s": _finite(v["ttft_s"], 4) if runs else None,
             "max_context": int(v["max_context"]) if v["max_context"] > 0 else None,
             "price_usd": devs[i].price_usd, "cloud_usd_per_hour": _hourly(devs[i], 1),
-            "offload": offload,
+            "offload": offload, "evidence": ev,
         })
         rows.append([
             devs[i].name, status, f"{_gib(v['total_bytes']):.1f} / {_gib(v['usable_bytes']):.1f}",
@@ -374,7 +392,7 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
             _rounded(v["ttft_s"], 2) if runs else (
                 f"{_rounded(offload['ttft_s'], 2)} (offload)" if offload and offload["ttft_s"] else "—"),
             _ctx_label(int(v["max_context"])) if v["max_context"] > 0 else "—",
-            f"${devs[i].price_usd:,.0f}" if devs[i].price_usd else "—",
+            f"${devs[i].price_usd:,.0f}" if devs[i].price_usd else "—", _level(ev),
         ])
     rep = Report(
         title=f"Hardware leaderboard — {arch.name}, {q.id}, {context:,} context, {engine}",
@@ -383,8 +401,9 @@ def leaderboard_report(arch: ModelArch, quant: str, context: int, engine: str = 
         data={"model": arch.id, "quant": q.id, "context": context, "engine": engine, "rows": data_rows},
     )
     rep.add("Devices", "table", rows, ["Hardware", "Status", "Total / usable GiB", "Decode tok/s", "TTFT s",
-                                       "Max safe ctx", "Price"])
+                                       "Max safe ctx", "Price", "Evidence (decode band)"])
     rep.sections[-1].interactive = True
+    rep.sections[-1].note = EVIDENCE_NOTE
     add_rig_section(rep, base, devs, verdicts, q, context, batch, table)
     # Context scaling of the six fastest devices that fit.
     top = [i for i in order if r["verdict"][i, 0, 0, 0] <= 1][:6]
@@ -468,8 +487,11 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
                           "decode_tok_s": _finite(v["decode_tok_s"], 2) if v["verdict"] <= 1 else None})
         pick = cheapest[j]
         row.append(f"{pick.name} (${pick.price_usd:,.0f})" if pick else "none priced fits")
+        ev = _evidence(table, engine, device, qf.id)
+        row.append(_level(ev))
         rows.append(row)
         data_rows.append({"quant": qf.id, "bits_per_weight": bits, "weights_gib": _finite(weights / GIB, 3),
+                          "evidence": ev,
                           "cheapest_device": None if pick is None else {"device": pick.id, "name": pick.name,
                                                                      "price_usd": pick.price_usd,
                                                                      "context": int(max(ctxs))},
@@ -486,7 +508,8 @@ def matrix_report(arch: ModelArch, device: Device, engine: str = "llama.cpp", *,
               "contexts": ctxs, "rows": data_rows},
     )
     rep.add("Matrix", "table", rows, ["Quant", "Bits/weight", "Weights GiB", "Quality",
-                                      *[_ctx_label(c) for c in ctxs], f"Cheapest device at {_ctx_label(max(ctxs))}"])
+                                      *[_ctx_label(c) for c in ctxs], f"Cheapest device at {_ctx_label(max(ctxs))}",
+                                      "Evidence (decode band)"])
     measured = next((qf.quality for qf in quants if qf.quality), None)
     if measured:
         rep.sections[-1].note = (
@@ -557,8 +580,11 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
                      min_decode: float = 0.0, budget_usd: float | None = None, table: Coefficients | None = None,
                      prompt_tokens: int = 4096, rig_sizes: Sequence[int] = (1, 2, 4, 8),
                      max_ttft_ms: float | None = None, max_tpot_ms: float | None = None,
-                     output_tokens: int = 256) -> Report:
+                     output_tokens: int = 256, evidence: str = "any") -> Report:
     """Best single GPU, best value, unified memory, multi-GPU and cheapest cloud device that fit.
+
+    ``evidence``: only devices whose prediction has that evidence or better (:func:`predictor.evidence.admits`:
+    measured, family, prior, any); every pick names its evidence and the band at that level.
 
     A candidate must fit ("fits" verdict), decode at least ``min_decode`` tok/s and cost at most
     ``budget_usd`` (purchase price x count; devices without a price are left out when a budget is set).
@@ -569,6 +595,7 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
     devs = [d for d in load_devices() if engine in d.engines and d.kind != "cpu"]
     require_bits(q, known_weights_bytes(arch, q, engine)[0])
     candidates = []  # (device, count, values)
+    evidence_of: dict[str, dict[str, Any]] = {}  # per device: its rows' evidence (predictor.evidence)
     for n in rig_sizes:
         pool = devs if n == 1 else [d for d in devs if d.kind == "gpu"]
         if traits(engine).tensor_parallel and tensor_parallel_refusal(arch, n):
@@ -584,6 +611,9 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
                 continue
             price = d.price_usd * n if d.price_usd else None
             if budget_usd is not None and (price is None or price > budget_usd):
+                continue
+            v["evidence"] = evidence_of.setdefault(d.id, _evidence(table, engine, d, q.id))
+            if not admits(v["evidence"]["level"], evidence):
                 continue
             candidates.append((d, n, v, price))
 
@@ -607,7 +637,7 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
     rows, commands, data = [], [], []
     for label, pick in picks:
         if pick is None:
-            rows.append([label, "none fits", "—", "—", "—", "—"])
+            rows.append([label, "none fits", "—", "—", "—", "—", "—"])
             continue
         d, n, v, price = pick
         name = f"{n}x {d.name}" if n > 1 else d.name
@@ -619,22 +649,25 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
                       "gpus_rented": max(n, offer.min_gpus), "checked_at": offer.checked_at, "source": offer.source}
             cost = f"${hourly:.2f}/h ({offer.provider}, {offer.product})"
         rows.append([label, name, f"{_gib(v['total_bytes']):.1f} / {_gib(v['usable_bytes']):.1f}",
-                     round(v["decode_tok_s"], 1), _rounded(v["ttft_s"], 2), cost])
+                     round(v["decode_tok_s"], 1), _rounded(v["ttft_s"], 2), cost, _level(v["evidence"])])
         est = predict(arch, d, q.id, context, engine, device_count=n, prompt_tokens=prompt_tokens,
                       coefficients=table or "default")
         commands.append([f"# {label}: {name}"])
         commands += [[est.launch[k]] for k in ("llama_cpp", "vllm", "ollama") if est.launch.get(k)]
         data.append({"pick": label, "device": d.id, "count": n, "total_gib": _gib(v["total_bytes"]),
                      "decode_tok_s": round(v["decode_tok_s"], 2), "ttft_s": round(v["ttft_s"], 3) if np.isfinite(v["ttft_s"]) else None,
-                     "price_usd": price, "launch": est.launch, **({"rental": rental} if rental else {})})
-    constraints = [f"min decode {min_decode:g} tok/s" if min_decode else "", f"budget ${budget_usd:,.0f}" if budget_usd else ""]
+                     "price_usd": price, "evidence": v["evidence"], "launch": est.launch,
+                     **({"rental": rental} if rental else {})})
+    constraints = [f"min decode {min_decode:g} tok/s" if min_decode else "", f"budget ${budget_usd:,.0f}" if budget_usd else "",
+                   f"evidence {evidence} or better" if evidence != "any" else ""]
     rep = Report(
         title=f"Recommended hardware — {arch.name}, {q.id}, {context:,} context, {engine}",
         subtitle=f"{len(candidates)} configurations fit" + "".join(f"; {c}" for c in constraints if c) + "."
                  + long_context_note(arch),
         data={"model": arch.id, "quant": q.id, "context": context, "engine": engine, "picks": data},
     )
-    rep.add("Recommendations", "table", rows, ["Pick", "Hardware", "Total / usable GiB", "Decode tok/s", "TTFT s", "Price"])
+    rep.add("Recommendations", "table", rows, ["Pick", "Hardware", "Total / usable GiB", "Decode tok/s", "TTFT s", "Price",
+                                               "Evidence (decode band)"], note=EVIDENCE_NOTE)
     ctxs = contexts_for(arch)
     series = {}
     same: dict[tuple[str, int], list[str]] = {}  # one line per configuration, named by every pick it is
