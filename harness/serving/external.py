@@ -256,12 +256,12 @@ class ExternalServer(ServerSetup):
         if self.info["server"] == "vllm" and not self._has_tokenizer():
             # a vLLM server started without a tokenizer (--skip-tokenizer-init) takes token ids and counts them:
             # ordinary ids of the model's vocabulary, as for the vLLM server benchcal starts
+            from harness.engines import engine_setup
             from harness.engines.base import random_token_ids
             from harness.engines.vllm.options import special_token_ids
-            from harness.runconfig import model_arch
             from harness.synthetic_hf import catalogue_config
 
-            vocab = int(model_arch(cfg).vocab_size)
+            vocab = int(engine_setup(str(cfg["engine"])).arch(cfg).vocab_size)
             specials = sorted(special_token_ids(catalogue_config(str(cfg["model"])) or {}))
             self.info["prompts"] = "random token ids of the model's vocabulary (the server has no tokenizer)"
             return [random_token_ids(n, vocab, rng, specials) for n in lengths]
