@@ -189,18 +189,29 @@ def held_out_gate(dataset: Dataset, thresholds: Thresholds, failures: list[str])
     and prefill (:func:`calibration.crossval.held_out_folds`: each source's fold, the worst row, the rows the score
     leaves out and why), a failure appended where the pooled MAPE exceeds ``held_out_<quantity>_mape`` (the folds
     are printed, not gated)."""
-    from calibration.crossval import error_metrics, held_out_folds, leave_one_source_out
+    from calibration.crossval import (
+        error_metrics,
+        held_out_folds,
+        leave_one_backend_out,
+        leave_one_class_out,
+        leave_one_source_out,
+    )
 
     predictions = leave_one_source_out(dataset)
     imported = (error_metrics(dataset, predictions).get("origins") or {}).get("imported") or {}
     folds = held_out_folds(dataset, predictions)
+    # beside: each backend, and dense / MoE, held out as a whole (printed, not gated)
+    others = {name: held_out_folds(dataset, how(dataset), column=column) for name, how, column in (
+        ("backend", leave_one_backend_out, "backend_resolved"), ("class", leave_one_class_out, "arch_class"))}
     out: dict[str, Any] = {}
     for q in ("decode", "prefill"):
         stats = imported.get(q) or {}
         if not stats.get("n"):
             continue
         limit = thresholds.limits[f"held_out_{q}_mape"]
-        out[q] = {"mape": stats["mape"], "p90": stats["p90"], "n": stats["n"], "limit": limit, **folds[q]}
+        out[q] = {"mape": stats["mape"], "p90": stats["p90"], "n": stats["n"], "limit": limit, **folds[q],
+                  "by": {name: {"folds": found[q]["folds"], "worst_ratio": found[q]["worst_ratio"],
+                                "beyond_2x": found[q]["beyond_2x"]} for name, found in others.items()}}
         if stats["mape"] > limit:
             failures.append(f"public results held out by source, {q}: MAPE {100 * stats['mape']:.1f}% > "
                             f"{100 * limit:.1f}% (n={stats['n']})")
@@ -251,6 +262,12 @@ def _fold_lines(quantity: str, stats: dict[str, Any]) -> list[str]:
     lines = [f"    {quantity} fold {name}: {100 * f['mape']:.1f}% (n={f['n']})" for name, f in folds if f["n"]]
     if stats.get("worst_ratio") is not None:
         lines.append(f"    {quantity} worst row {stats['worst_ratio']:.2f}x off; {stats['beyond_2x']} row(s) more than 2x off")
+    for name, found in (stats.get("by") or {}).items():
+        parts = [f"{fold} {100 * f['mape']:.1f}% (n={f['n']})" for fold, f in
+                 sorted(found["folds"].items(), key=lambda kv: -(kv[1]["mape"] or 0.0)) if f["n"]]
+        if parts:
+            worst = f"; worst row {found['worst_ratio']:.2f}x" if found.get("worst_ratio") is not None else ""
+            lines.append(f"    {quantity} held out by {name}: " + ", ".join(parts) + worst)
     left = stats.get("left_out") or {}
     if left:
         lines.append(f"    {quantity} rows left out of the score: {sum(left.values())} ("

@@ -115,6 +115,43 @@ def leave_one_source_out(dataset: Dataset, prior: Coefficients | None = None) ->
     return _holdout_predictions(dataset, "source_set", prior)
 
 
+def _derive(dataset: Dataset, column: str) -> None:
+    """Add ``backend_resolved`` (:func:`calibration.table.run_backend`; "" for vLLM) or ``arch_class`` (``dense`` /
+    ``moe`` from the catalogue model; "" for a model it does not know) to every block's ``meta``, once."""
+    from calibration.table import run_backend
+    from predictor.models import resolve_model
+
+    classes: dict[str, str] = {}
+
+    def arch_class(model: Any) -> str:
+        if model not in classes:
+            try:
+                classes[model] = "moe" if resolve_model(str(model)).is_moe else "dense"
+            except Exception:  # a model file or directory the catalogue does not know: never held out
+                classes[model] = ""
+        return classes[model]
+
+    for block in dataset.blocks.values():
+        if column in block.meta:
+            continue
+        if column == "backend_resolved":
+            block.meta[column] = [run_backend(row) or "" for _, row in block.meta.iterrows()]
+        else:
+            block.meta[column] = [arch_class(m) for m in block.meta["model"]]
+
+
+def leave_one_backend_out(dataset: Dataset, prior: Coefficients | None = None) -> dict[str, np.ndarray]:
+    """Each llama.cpp backend (CUDA, Metal, ROCm, Vulkan, CPU) held out as a whole: a backend nobody measured."""
+    _derive(dataset, "backend_resolved")
+    return _holdout_predictions(dataset, "backend_resolved", prior)
+
+
+def leave_one_class_out(dataset: Dataset, prior: Coefficients | None = None) -> dict[str, np.ndarray]:
+    """Dense models, then mixtures of experts, held out as a whole."""
+    _derive(dataset, "arch_class")
+    return _holdout_predictions(dataset, "arch_class", prior)
+
+
 def scored_rows(dataset: Dataset, quantity: str, include_noisy: bool = False) -> np.ndarray:
     """Rows whose error counts: valid features, a repeatable measurement (spread <= 5%, unless
     ``include_noisy``), not excluded by its record and, for times, batch 1 (a TTFT or TPOT taken under
@@ -156,8 +193,10 @@ def _reason_label(reason: str) -> str:
 
 
 def held_out_folds(dataset: Dataset, predictions: dict[str, np.ndarray],
-                   quantities: tuple[str, ...] = ("decode", "prefill")) -> dict[str, dict[str, Any]]:
-    """Per quantity, the imported public results' held-out errors fold by fold (``source_set``): ``folds``
+                   quantities: tuple[str, ...] = ("decode", "prefill"), column: str = "source_set",
+                   ) -> dict[str, dict[str, Any]]:
+    """Per quantity, the imported public results' held-out errors fold by fold (``column``: ``source_set``, or the
+    ``backend_resolved`` / ``arch_class`` of :func:`leave_one_backend_out` / :func:`leave_one_class_out`): ``folds``
     (source -> mape, p90, n), ``worst_ratio`` (the largest factor between a scored row's prediction and its
     measurement, either way), ``beyond_2x`` (scored rows more than 2x off) and ``left_out`` (imported rows with a
     prediction that the score leaves out, by reason: an exclusion of their record, or repetitions spreading more
@@ -169,7 +208,7 @@ def held_out_folds(dataset: Dataset, predictions: dict[str, np.ndarray],
         imported = block.meta["source"].to_numpy() == "imported"
         scored = scored_rows(dataset, q) & imported
         errors = np.where(scored, quantity_ape(q, predictions[q], actual[q]), np.nan)
-        sources = block.meta["source_set"].astype(str).to_numpy()
+        sources = block.meta[column].astype(str).to_numpy()
         folds = {name: summarize_errors(errors[sources == name]) for name in sorted(set(sources[scored]))}
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.asarray(predictions[q], float) / np.asarray(actual[q], float)

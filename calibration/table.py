@@ -273,33 +273,37 @@ def fit_table(dataset: Dataset, masks: dict[str, np.ndarray] | None = None, *, n
     return table
 
 
-def evidence_index(dataset: Dataset, engine: str, masks: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-    """What :mod:`predictor.evidence` reads: per device, device family and kind, the (backend, format family) pairs
-    of the decode and prefill runs of ``engine`` a fit may use (llama.cpp's backend as the run names it, else its
-    device vendor's default; None for vLLM)."""
+def run_backend(row: Any) -> str | None:
+    """The llama.cpp backend of an observation (a row of a block's ``meta``): the one its run names, else its
+    device vendor's default (the host's CPU backend on a CPU); None for vLLM or a device the catalogue does not
+    know."""
     from predictor.backends import default_backend
     from predictor.devices import resolve_device
-    from predictor.evidence import format_family
 
-    def backend_of(row: Any) -> str | None:
-        if engine != "llama.cpp":
-            return None
-        if isinstance(row.get("backend"), str) and row["backend"]:
-            return str(row["backend"])
-        if row.get("kind") == "cpu":
-            return "CPU"
-        try:
-            found = default_backend(resolve_device(str(row["device_id"])).vendor)
-        except Exception:  # a device the catalogue does not know: no default to name
-            return None
-        return found.id if found is not None else None
+    if row.get("engine") != "llama.cpp":
+        return None
+    if isinstance(row.get("backend"), str) and row["backend"]:
+        return str(row["backend"])
+    if row.get("kind") == "cpu":
+        return "CPU"
+    try:
+        found = default_backend(resolve_device(str(row["device_id"])).vendor)
+    except Exception:  # a device the catalogue does not know: no default to name
+        return None
+    return found.id if found is not None else None
+
+
+def evidence_index(dataset: Dataset, engine: str, masks: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """What :mod:`predictor.evidence` reads: per device, device family and kind, the (backend, format family) pairs
+    of the decode and prefill runs of ``engine`` a fit may use (:func:`run_backend`)."""
+    from predictor.evidence import format_family
 
     pairs: dict[str, dict[str, set[tuple[str | None, str]]]] = {"devices": {}, "families": {}, "kinds": {}}
     for quantity in ("decode", "prefill"):
         block = dataset.blocks[quantity]
         rows = (block.meta["engine"].to_numpy() == engine) & block.fittable & (masks[quantity] if masks else True)
         for _, row in block.meta[rows].iterrows():
-            pair = (backend_of(row), format_family(row.get("quant")))
+            pair = (run_backend(row), format_family(row.get("quant")))
             for key, column in (("devices", "device_id"), ("families", "family"), ("kinds", "kind")):
                 if row.get(column):
                     pairs[key].setdefault(str(row[column]), set()).add(pair)

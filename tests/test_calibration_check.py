@@ -119,3 +119,23 @@ def test_the_held_out_gate_refits_without_each_public_source(tmp_path, capsys):
     assert any(line.startswith("    decode worst row ") and "more than 2x off" in line for line in out.splitlines())
     left = next(line for line in out.splitlines() if line.startswith("    prefill rows left out of the score: "))
     assert "mixture-of-experts prefill: " in left and "llama-perplexity" in left
+
+
+def test_the_held_out_check_prints_backend_and_class_folds_beside_the_sources():
+    # a slice of the shipped public results (read-only): an RTX 4090's (CUDA; dense models and gpt-oss-20b, a
+    # mixture of experts), an M1 Max's (Metal) and the Strix Halo's (ROCm and Vulkan), from several sources each
+    from pathlib import Path
+
+    from calibration.check import load_thresholds, run_check, summary_lines
+    from calibration.dataset import load_dataset
+    from predictor.coefficients import Coefficients
+
+    shipped = Path(__file__).resolve().parents[1] / "runs" / "imported" / "llama.cpp"
+    dataset = load_dataset([str(shipped / d) for d in ("rtx-4090", "macbook-pro-m1-max-64gb", "ryzen-ai-max-395-128gb")])
+    result = run_check(dataset, Coefficients(), load_thresholds(None), held_out=True)
+    decode = result.held_out["decode"]
+    assert set(decode["by"]) == {"backend", "class"}
+    assert {"CUDA", "Metal", "Vulkan"} <= set(decode["by"]["backend"]["folds"])
+    assert set(decode["by"]["class"]["folds"]) == {"dense", "moe"}
+    text = "\n".join(summary_lines(result))
+    assert "decode held out by backend: " in text and "held out by class: " in text
