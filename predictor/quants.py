@@ -181,6 +181,13 @@ def kv_dtype_ids(engine: str | None = None) -> list[str]:
     return [k.id for k in dtypes if canonical in k.engines]
 
 
+def quantized_kv(name: str) -> bool:
+    """Whether a KV dtype is one of llama.cpp's block-quantized types (q8_0, q4_0, ...): a V cache of one needs
+    flash attention (llama.cpp's context refuses it otherwise: ``ggml_is_quantized(type_v)`` without flash
+    attention, src/llama-context.cpp)."""
+    return resolve_kv_dtype(name).id.startswith(("q", "iq"))
+
+
 def resolve_kv_dtype(name: str, engine: str | None = None) -> KvDtype:
     """Find a KV dtype by id or alias ("q8_0", "fp8_e4m3", "auto" -> f16); check ``engine`` support."""
     wanted = _key(name)

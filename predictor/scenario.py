@@ -25,7 +25,7 @@ from predictor.engines import traits
 from predictor.errors import BenchcalError, non_negative, positive
 from predictor.memory import tensor_parallel_refusal, vllm_batch_defaults
 from predictor.models import resolve_model
-from predictor.quants import QuantFormat, normalize_engine, resolve_kv_dtype, resolve_quant
+from predictor.quants import QuantFormat, normalize_engine, quantized_kv, resolve_kv_dtype, resolve_quant
 from predictor.weights import WEIGHTS_FROM_FILE, format_bits, kernel_kwargs, known_weights_bytes
 
 DEFAULT_CONTEXT = 8192
@@ -187,6 +187,9 @@ def validate_scenario(s: Scenario, arch: ModelArch, dev: Device, engine: str) ->
         raise BenchcalError(f"{engine} does not run on {dev.name} (engines there: {', '.join(dev.engines)})")
     if s.device_count > 1 and dev.kind != "gpu":
         raise BenchcalError(f"--gpus {s.device_count}: tensor parallelism needs discrete GPUs, {dev.name} is {dev.kind}")
+    if engine == "llama.cpp" and s.kv_dtype and not s.flash_attn and quantized_kv(s.kv_dtype):
+        raise BenchcalError(f"--kv-dtype {s.kv_dtype} without flash attention: llama.cpp refuses a quantized V cache "
+                            "unless flash attention is on (drop --no-flash-attn, or use --kv-dtype f16)")
     if s.device_count > 1 and traits(engine).tensor_parallel:
         refusal = tensor_parallel_refusal(arch, s.device_count)
         if refusal:

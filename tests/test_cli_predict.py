@@ -185,8 +185,13 @@ def test_an_ollama_command_carries_the_context_flash_attention_and_kv_type():
     assert command.startswith("OLLAMA_CONTEXT_LENGTH=16384 OLLAMA_FLASH_ATTENTION=1 OLLAMA_KV_CACHE_TYPE=q8_0")
     assert "OLLAMA_NUM_PARALLEL=2" in command
     assert command.endswith("ollama run hf.co/Qwen/Qwen2.5-7B-Instruct-GGUF:Q4_K_M")
-    no_fa = predict("qwen2.5-7b", "rtx-4090", "Q4_K_M", 8192, kv_dtype="q8_0", flash_attn=False, coefficients=None)
-    assert "OLLAMA_KV_CACHE_TYPE" not in no_fa.launch["ollama"]  # Ollama quantizes the cache only with it
+    no_fa = predict("qwen2.5-7b", "rtx-4090", "Q4_K_M", 8192, flash_attn=False, coefficients=None)
+    assert "OLLAMA_KV_CACHE_TYPE" not in no_fa.launch["ollama"] and "OLLAMA_FLASH_ATTENTION=0" in no_fa.launch["ollama"]
+    # a quantized V cache without flash attention is refused, as llama.cpp's context refuses it
+    from predictor.errors import BenchcalError
+
+    with pytest.raises(BenchcalError, match="quantized V cache unless flash attention is on"):
+        predict("qwen2.5-7b", "rtx-4090", "Q4_K_M", 8192, kv_dtype="q8_0", flash_attn=False, coefficients=None)
 
 
 def test_the_matrix_decodes_each_cell_at_its_own_context(capsys):

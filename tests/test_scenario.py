@@ -19,7 +19,7 @@ def test_a_scenario_is_frozen_and_replace_gives_a_copy():
 
 
 def test_predict_is_predict_scenario_of_the_scenario_its_arguments_describe():
-    args = dict(prompt_tokens=1024, batch=2, kv_dtype="q8_0", flash_attn=False, n_ubatch=256)
+    args = dict(prompt_tokens=1024, batch=2, kv_dtype="q8_0", flash_attn=True, n_ubatch=256)
     by_args = predict("qwen2.5-7b", "rtx-4090", "Q5_K_M", 16384, "llama.cpp", coefficients=None, **args).to_dict()
     scenario = Scenario("qwen2.5-7b", "rtx-4090", quant="Q5_K_M", context=16384, **args)
     assert predict_scenario(scenario, None).to_dict() == by_args
@@ -75,10 +75,10 @@ def test_the_grid_takes_a_scenario_whose_device_quant_context_and_batch_are_its_
 
     arch, devices = resolve_model("llama-3-8b"), [resolve_device("rtx-4090"), resolve_device("l4")]
     quants = [resolve_quant("Q4_K_M", "llama.cpp"), resolve_quant("Q8_0", "llama.cpp")]
-    base = Scenario(arch, kv_dtype="q8_0", prompt_tokens=1024, flash_attn=False, n_ubatch=256)
+    base = Scenario(arch, kv_dtype="q8_0", prompt_tokens=1024, flash_attn=True, n_ubatch=256)
     by_scenario = sweep_scenario(base, devices, quants, [4096, 8192], [1, 4])
     direct = sweep(arch, "llama.cpp", devices, quants, [4096, 8192], [1, 4], kv_bytes_per_element=34 / 32,
-                   prompt_tokens=1024, flash_attn=False, n_ubatch=256)
+                   prompt_tokens=1024, flash_attn=True, n_ubatch=256)
     for key in ("decode_tok_s", "total_bytes", "ttft_s"):
         assert (by_scenario[key] == direct[key]).all(), key
     # one point of the grid is the prediction of that scenario

@@ -36,6 +36,7 @@ from predictor.quants import (
     normalize_engine,
     quality_tier,
     quant_formats,
+    quantized_kv,
     resolve_kv_dtype,
     resolve_quant,
 )
@@ -257,8 +258,13 @@ def add_playbook_section(rep: Report, est: Estimate, table: Coefficients | None 
             items.append((f"{kv} KV cache", flag + (" --flash-attn on" if est.engine == "llama.cpp" else ""),
                           repredict(est, table, kv_dtype=kv, flash_attn=True if est.engine == "llama.cpp" else est.flash_attn)))
     if est.engine == "llama.cpp":
-        items.append(("flash attention " + ("off" if est.flash_attn else "on"),
-                      "--flash-attn " + ("off" if est.flash_attn else "on"), repredict(est, table, flash_attn=not est.flash_attn)))
+        if est.flash_attn and quantized_kv(est.kv_dtype):  # without flash attention the V cache cannot be quantized
+            items.append(("flash attention off (with an f16 KV cache)", "--flash-attn off -ctk f16 -ctv f16",
+                          repredict(est, table, flash_attn=False, kv_dtype="f16")))
+        else:
+            items.append(("flash attention " + ("off" if est.flash_attn else "on"),
+                          "--flash-attn " + ("off" if est.flash_attn else "on"),
+                          repredict(est, table, flash_attn=not est.flash_attn)))
         if est.verdict not in ("fits", "tight") and est.quant.id in PLAYBOOK_QUANTS:
             for q in PLAYBOOK_QUANTS[PLAYBOOK_QUANTS.index(est.quant.id) + 1:]:
                 e = repredict(est, table, quant=q)

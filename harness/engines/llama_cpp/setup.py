@@ -47,6 +47,9 @@ class LlamaCppSetup(EngineSetup):
             raise BenchcalError(f"KV cache dtype {cfg.get('kv_dtype')!r} is not one llama.cpp has "
                                 f"(choose from: {', '.join(KV_TYPES)})")
         options.setdefault("flash_attn", False)
+        if kv not in ("f16", "f32", "bf16") and not options["flash_attn"]:
+            raise BenchcalError(f"KV cache dtype {kv} without flash attention: llama.cpp refuses a quantized V cache "
+                                "unless flash attention is on (add --flash-attn, or engine option flash_attn = true)")
         options.setdefault("n_batch", 512)
         options.setdefault("n_ubatch", 512)
         if cfg["device"] == "cpu":
