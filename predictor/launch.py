@@ -2,7 +2,8 @@
 
 The commands carry the configuration: context, layers on the GPU (the most that fit when the
 model needs offload), flash attention, KV cache type, parallel sequences, tensor parallelism, and
-a vLLM ``--gpu-memory-utilization`` derived from the predicted need rather than a fixed 0.9.
+vLLM's ``--gpu-memory-utilization`` at the share the prediction sized its KV pool at (vLLM's default, 0.92, or the
+one asked for), so the server that starts holds the pool predicted.
 
 This module stays in the predictor, below the reports (:mod:`benchcal.reports`): the commands are part of a
 prediction's JSON contract, and the harness stores that prediction, commands included, in every run record it
@@ -150,7 +151,12 @@ def vllm_command(est: Estimate, vllm_est: Estimate | None) -> str:
         block = {"rope_type": rs.type, "factor": rs.factor, "original_max_position_embeddings": rs.original_max_context}
         parts.append(f"--hf-overrides '{json.dumps({'rope_scaling': block}, separators=(',', ':'))}'")
     if e.device.kind != "cpu":
-        parts.append(f"--gpu-memory-utilization {gpu_memory_utilization(e.values['total_bytes'], e.device_count, e.device.memory_gib):.2f}")
+        # the share the prediction's KV pool was sized at (vLLM's default, or --gpu-memory-utilization), so the
+        # server that starts holds the pool predicted; without a pool, the need plus 2%
+        pool = getattr(e, "serving", None) or {}
+        share = pool.get("gpu_memory_utilization") or gpu_memory_utilization(e.values["total_bytes"], e.device_count,
+                                                                              e.device.memory_gib)
+        parts.append(f"--gpu-memory-utilization {share:.2f}")
     if e.device_count > 1:
         parts.append(f"--tensor-parallel-size {e.device_count}")
     if e.batch > 1:

@@ -261,11 +261,19 @@ def test_mxfp4_experts_keep_their_width_and_the_rest_of_a_file_is_the_dense_part
     assert float(step) > 1.15 * arch.params_active * average  # the dense part is read at its wider width
 
 
-def test_vllm_launch_command_derives_gpu_memory_utilization_from_the_need():
+def test_vllm_launch_command_reserves_the_share_its_kv_pool_was_predicted_at():
+    # the pool the prediction gives (vLLM's default share, or the one asked for) is the pool the command starts
+    def util(est):
+        return float(est.launch["vllm"].split("--gpu-memory-utilization ")[1].split()[0])
+
     est = predict("qwen2.5-7b", "h100-sxm", "BF16", 8192, "vllm", coefficients=None)
-    util = float(est.launch["vllm"].split("--gpu-memory-utilization ")[1].split()[0])
-    need = est.values["total_bytes"] / (est.device.memory_gib * GIB)
-    assert need < util <= need + 0.04
+    assert util(est) == est.serving["gpu_memory_utilization"] == 0.92
+    asked = predict("qwen2.5-7b", "h100-sxm", "BF16", 8192, "vllm", coefficients=None, gpu_memory_utilization=0.5)
+    assert util(asked) == 0.5 and asked.serving["gpu_memory_utilization"] == 0.5
+    from predictor.launch import gpu_memory_utilization
+
+    need = est.values["total_bytes"] / (est.device.memory_gib * GIB)  # the fallback where no pool is predicted
+    assert need < gpu_memory_utilization(est.values["total_bytes"], 1, est.device.memory_gib) <= need + 0.04
 
 
 def test_cpu_device_uses_the_given_bandwidth():
