@@ -169,6 +169,15 @@ class ModelArch:
         return self.attention == "mla"
 
     @property
+    def attention_kind(self) -> str:
+        """What a user calls its attention: ``mla``; ``mha`` where every query head has its own K/V head (Llama 2,
+        Code Llama, Phi-3); ``gqa`` where query heads share them (``attention`` groups both as ``gqa``, the layout
+        the formulas and the GGUF tensor plan read)."""
+        if self.is_mla:
+            return "mla"
+        return "mha" if self.num_kv_heads == self.num_attention_heads else "gqa"
+
+    @property
     def params_non_layer(self) -> int:
         """Parameters outside the repeating layers: embeddings, LM head, final norm, ``params_extra``."""
         return self.params_embedding + self.params_output + self.params_extra + self.hidden_size

@@ -83,7 +83,7 @@ class Estimate:
                 "id": m.id, "name": m.name, "hf_id": m.hf_id, "source": m.source,
                 "params_b": round(m.params_total / 1e9, 3),
                 "active_params_b": round(m.params_active / 1e9, 3),
-                "architecture": m.architecture, "attention": m.attention, "layers": m.num_layers,
+                "architecture": m.architecture, "attention": m.attention_kind, "layers": m.num_layers,
                 "max_context": m.max_context, "moe": bool(m.num_experts),
                 "native_max_context": m.native_max_context,
                 "rope_scaling": None if m.rope_scaling is None else {

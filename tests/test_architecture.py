@@ -326,3 +326,11 @@ def test_model_arch_is_frozen():
     assert isinstance(arch, ModelArch)
     with pytest.raises(AttributeError):
         arch.num_layers = 1  # type: ignore[misc]
+
+
+def test_attention_is_named_as_users_name_it():
+    from predictor.models import resolve_model
+
+    kinds = {m: resolve_model(m).attention_kind for m in ("llama-2-7b", "codellama-7b", "llama-3-8b", "deepseek-v3")}
+    assert kinds == {"llama-2-7b": "mha", "codellama-7b": "mha", "llama-3-8b": "gqa", "deepseek-v3": "mla"}
+    assert resolve_model("llama-2-7b").attention == "gqa"  # the layout the formulas read: MHA is GQA of group 1

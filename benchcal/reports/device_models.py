@@ -26,7 +26,7 @@ def model_fields(m: ModelArch) -> dict[str, Any]:
     """The catalogue listing's fields of one model (``benchcal models``)."""
     return {"id": m.id, "name": m.name, "params_b": round(m.params_total / 1e9, 2),
             "active_params_b": round(m.params_active / 1e9, 2), "architecture": m.architecture,
-            "attention": m.attention.upper() + (" MoE" if m.num_experts else ""), "layers": m.num_layers,
+            "attention": m.attention_kind.upper() + (" MoE" if m.num_experts else ""), "layers": m.num_layers,
             "max_context": m.max_context}
 
 
