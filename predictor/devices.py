@@ -233,8 +233,9 @@ def resolve_device(spec: str) -> Device:
                             "cpu_device(bandwidth_gbs, tflops, memory_gib)")
     device = _index().get(key)
     if device is None:
-        candidates = [d.id for d in _catalogue()] + [d.name for d in _catalogue()]
-        raise BenchcalError(f"unknown GPU {spec!r}{suggest(spec, candidates)}")
+        ids = [d.id for d in _catalogue()]  # ids first: a name is suggested only where no id is close
+        hint = suggest(spec, ids) or suggest(spec, [d.name for d in _catalogue()])
+        raise BenchcalError(f"unknown GPU {spec!r}{hint}")
     return device
 
 

@@ -14,12 +14,14 @@ class BenchcalError(Exception):
 
 
 def suggest(name: str, candidates: Iterable[str], n: int = 3) -> str:
-    """Return ' (did you mean: a, b?)' for close matches of ``name``, or ''."""
+    """Return ' (did you mean: a, b?)' for close matches of ``name``, or '': the candidates that hold it whole
+    first, shortest first (``3090`` -> rtx-3090, ``m3-max`` -> the M3 Max machines), then spelling neighbours."""
     pool = list(dict.fromkeys(candidates))
     lowered = {c.lower(): c for c in pool}
-    close = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.5)
-    if not close:
-        close = [c for c in lowered if name.lower() in c][:n]
+    wanted = name.lower().strip()
+    close = sorted((c for c in lowered if wanted and wanted in c), key=lambda c: (len(c), c))[:n]
+    close += [c for c in difflib.get_close_matches(wanted, list(lowered), n=n, cutoff=0.5) if c not in close]
+    close = close[:n]
     if not close:
         return ""
     return " (did you mean: " + ", ".join(lowered[c] for c in close) + "?)"

@@ -273,3 +273,13 @@ def test_a_unit_count_that_is_not_whole_positive_paired_and_sourced_is_refused(c
         record.update(change)
     with pytest.raises(ValueError, match="compute_units|boost_clock_mhz"):
         dev._device_from_record(record)
+
+
+def test_a_number_or_a_chip_suggests_the_devices_that_hold_it_first():
+    from predictor.devices import resolve_device
+    from predictor.errors import BenchcalError
+
+    with pytest.raises(BenchcalError, match=r"did you mean: rtx-3090, rtx-3090-ti"):
+        resolve_device("3090")
+    with pytest.raises(BenchcalError, match=r"did you mean: macbook-pro-m3-max-64gb, macbook-pro-m3-max-128gb"):
+        resolve_device("m3-max")
