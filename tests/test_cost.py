@@ -105,7 +105,7 @@ def test_bad_cost_input_is_one_line_and_exit_2(args, message):
 
 def test_recommend_cloud_pick_is_the_cheapest_dated_offer_of_what_holds_the_model():
     d = json.loads(run("recommend", "--model", "qwen2.5-72b", "--ctx", "8192", "--format", "json").stdout)
-    (cloud,) = [p for p in d["picks"] if p["pick"] == "Cloud from"]
+    (cloud,) = [p for p in d["picks"] if p["pick"] == "cheapest_cloud"]
     rental = cloud["rental"]
     offers = [o for o in cloud_offers(resolve_device(cloud["device"])) if o.billing == "on-demand"]
     assert rental["usd_per_hour"] == pytest.approx(

@@ -294,7 +294,7 @@ def register(sub) -> None:
     p.add_argument("--kv-dtype", default=None, help="KV cache type")
     p.set_defaults(func=cmd_matrix)
 
-    p = sub.add_parser("recommend", help="best single GPU, best value, unified memory, multi-GPU, cloud",
+    p = sub.add_parser("recommend", help="cheapest GPU, unified memory and rig that fit, best value, fastest, cloud",
                        formatter_class=RAW, epilog="example:\n  benchcal recommend --model qwen2.5-72b --ctx 32768 "
                        "--min-decode 20 --budget 10000")
     _add_common(p, gpu=False)

@@ -50,6 +50,10 @@ from predictor.weights import (
     weights_bits_per_weight,
 )
 
+# recommend's picks: what each optimizes (its JSON ``pick``) and how it is shown
+PICKS = {"cheapest_gpu": "Cheapest single GPU that fits", "best_value": "Most tok/s per dollar",
+         "cheapest_unified": "Cheapest unified memory that fits", "cheapest_multi_gpu": "Cheapest multi-GPU rig that fits",
+         "fastest": "Fastest that fits", "cheapest_cloud": "Cheapest cloud rental that fits"}
 EVIDENCE_NOTE = ("Evidence: measured (runs of this device, engine, backend and format family in the fit), family "
                  "(of its family, or of the device in another format), prior (the physics prior), extrapolated "
                  "(nothing fitted describes it); the band is the cross-validated p90 error at that level.")
@@ -587,7 +591,8 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
                      prompt_tokens: int = 4096, rig_sizes: Sequence[int] = (1, 2, 4, 8),
                      max_ttft_ms: float | None = None, max_tpot_ms: float | None = None,
                      output_tokens: int = 256, evidence: str = "any") -> Report:
-    """Best single GPU, best value, unified memory, multi-GPU and cheapest cloud device that fit.
+    """The cheapest single GPU, unified-memory machine and multi-GPU rig that fit (priced devices only), the most
+    tokens/s per dollar, the fastest that fits and the cheapest cloud rental (:data:`PICKS`).
 
     ``evidence``: only devices whose prediction has that evidence or better (:func:`predictor.evidence.admits`:
     measured, family, prior, any); every pick names its evidence and the band at that level.
@@ -623,33 +628,32 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
                 continue
             candidates.append((d, n, v, price))
 
-    def cheapest(pool):
+    def cheapest(pool):  # a price-based pick: only devices with a purchase price
         priced = [c for c in pool if c[3]]
-        if priced:
-            return min(priced, key=lambda c: (c[3], -c[2]["decode_tok_s"]))
-        return max(pool, key=lambda c: _decode_or_zero(c[2])) if pool else None
+        return min(priced, key=lambda c: (c[3], -c[2]["decode_tok_s"])) if priced else None
 
-    picks = [
-        ("Best single GPU", cheapest([c for c in candidates if c[1] == 1 and c[0].kind == "gpu"])),
-        ("Best value (tok/s per $)", max((c for c in candidates if c[3] and np.isfinite(c[2]["decode_tok_s"])),
-                                         key=lambda c: c[2]["decode_tok_s"] / c[3], default=None)),
-        ("Unified memory", cheapest([c for c in candidates if c[0].kind == "unified"])),
-        ("Multi-GPU", cheapest([c for c in candidates if c[1] > 1])),
-        ("Fastest", max((c for c in candidates if np.isfinite(c[2]["decode_tok_s"])),
+    picks = [(PICKS[key], key, pick) for key, pick in (
+        ("cheapest_gpu", cheapest([c for c in candidates if c[1] == 1 and c[0].kind == "gpu"])),
+        ("best_value", max((c for c in candidates if c[3] and np.isfinite(c[2]["decode_tok_s"])),
+                           key=lambda c: c[2]["decode_tok_s"] / c[3], default=None)),
+        ("cheapest_unified", cheapest([c for c in candidates if c[0].kind == "unified"])),
+        ("cheapest_multi_gpu", cheapest([c for c in candidates if c[1] > 1])),
+        ("fastest", max((c for c in candidates if np.isfinite(c[2]["decode_tok_s"])),
                         key=lambda c: c[2]["decode_tok_s"], default=None)),
-        ("Cloud from", min((c for c in candidates if c[0].kind != "cpu" and cloud_offers(c[0])), default=None,
-                           key=lambda c: _rental(c[0], c[1])[0])),
-    ]
+        ("cheapest_cloud", min((c for c in candidates if c[0].kind != "cpu" and cloud_offers(c[0])), default=None,
+                               key=lambda c: _rental(c[0], c[1])[0])),
+    )]
     rows, commands, data = [], [], []
-    for label, pick in picks:
+    for label, key, pick in picks:
         if pick is None:
-            rows.append([label, "none fits", "—", "—", "—", "—", "—"])
+            rows.append([label, "none priced fits" if key.startswith("cheapest") or key == "best_value" else
+                         "none fits", "—", "—", "—", "—", "—"])
             continue
         d, n, v, price = pick
         name = f"{n}x {d.name}" if n > 1 else d.name
         cost = f"${price:,.0f}" if price else "—"
         rental = None
-        if label == "Cloud from":
+        if key == "cheapest_cloud":
             hourly, offer = _rental(d, n)
             rental = {"usd_per_hour": round(hourly, 4), "provider": offer.provider, "product": offer.product,
                       "gpus_rented": max(n, offer.min_gpus), "checked_at": offer.checked_at, "source": offer.source}
@@ -660,7 +664,7 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
                       coefficients=table or "default")
         commands.append([f"# {label}: {name}"])
         commands += [[est.launch[k]] for k in ("llama_cpp", "vllm", "ollama") if est.launch.get(k)]
-        data.append({"pick": label, "device": d.id, "count": n, "total_gib": _gib(v["total_bytes"]),
+        data.append({"pick": key, "label": label, "device": d.id, "count": n, "total_gib": _gib(v["total_bytes"]),
                      "decode_tok_s": round(v["decode_tok_s"], 2), "ttft_s": round(v["ttft_s"], 3) if np.isfinite(v["ttft_s"]) else None,
                      "price_usd": price, "evidence": v["evidence"], "launch": est.launch,
                      **({"rental": rental} if rental else {})})
@@ -677,10 +681,10 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
     ctxs = contexts_for(arch)
     series = {}
     same: dict[tuple[str, int], list[str]] = {}  # one line per configuration, named by every pick it is
-    for label, pick in picks:
+    for label, _key, pick in picks:
         if pick is not None:
             same.setdefault((pick[0].id, pick[1]), []).append(label)
-    for label, pick in picks:
+    for label, _key, pick in picks:
         if pick is None or same[(pick[0].id, pick[1])][0] != label:
             continue
         d, n = pick[0], pick[1]
