@@ -34,6 +34,7 @@ class EngineTraits:
     # its server batches the requests in flight (continuous batching) rather than serving them in turn
     # (llama-cpp-python's server, which the harness measures, runs one request at a time)
     server_batches: bool
+    quantized_v_needs_flash_attn: bool = False  # a block-quantized V cache only with flash attention (llama.cpp)
 
 
 TRAITS: dict[str, EngineTraits] = {
@@ -41,7 +42,7 @@ TRAITS: dict[str, EngineTraits] = {
         name="llama.cpp", default_quant="Q4_K_M", default_kv_dtype="f16", leaderboard_quant="Q4_K_M", gguf=True,
         host_embedding=True, layer_offload=True, tensor_parallel=False, pcie_streamed_offload=False,
         cpu_kernel_paths=True, attention_through_memory=True, kv_block_tokens=1, fp16_accumulate=True,
-        profiled_runtime=False, versioned_by="build", server_batches=False),
+        profiled_runtime=False, versioned_by="build", server_batches=False, quantized_v_needs_flash_attn=True),
     "vllm": EngineTraits(
         name="vllm", default_quant="BF16", default_kv_dtype="bf16", leaderboard_quant="AWQ", gguf=False,
         host_embedding=False, layer_offload=False, tensor_parallel=True, pcie_streamed_offload=True,

@@ -187,8 +187,8 @@ def validate_scenario(s: Scenario, arch: ModelArch, dev: Device, engine: str) ->
         raise BenchcalError(f"{engine} does not run on {dev.name} (engines there: {', '.join(dev.engines)})")
     if s.device_count > 1 and dev.kind != "gpu":
         raise BenchcalError(f"--gpus {s.device_count}: tensor parallelism needs discrete GPUs, {dev.name} is {dev.kind}")
-    if engine == "llama.cpp" and s.kv_dtype and not s.flash_attn and quantized_kv(s.kv_dtype):
-        raise BenchcalError(f"--kv-dtype {s.kv_dtype} without flash attention: llama.cpp refuses a quantized V cache "
+    if traits(engine).quantized_v_needs_flash_attn and s.kv_dtype and not s.flash_attn and quantized_kv(s.kv_dtype):
+        raise BenchcalError(f"--kv-dtype {s.kv_dtype} without flash attention: {engine} refuses a quantized V cache "
                             "unless flash attention is on (drop --no-flash-attn, or use --kv-dtype f16)")
     if s.device_count > 1 and traits(engine).tensor_parallel:
         refusal = tensor_parallel_refusal(arch, s.device_count)

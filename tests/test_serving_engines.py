@@ -177,12 +177,23 @@ def test_llama_server_batches_its_slots_where_a_binary_exists(cache, tmp_path):
 
 
 def test_a_server_that_cannot_start_is_a_failed_record_with_its_log(cache, tmp_path):
-    # llama.cpp refuses a quantized V cache without flash attention: its server exits while loading
-    record, path = run_serving({**LLAMA, "kv_dtype": "q4_0", "serve": {"server": "llama-cpp-python", "requests": 1}},
-                               tmp_path / "runs",
+    # a GGUF whose tokenizer model llama.cpp does not know ("unknown tokenizer") passes every check before the run
+    # (the model's shapes are whole) and makes llama.cpp's loader fail: the server exits while loading
+    from harness.runconfig import prepare_config, prepare_weights
+
+    whole, _ = prepare_weights(prepare_config({**LLAMA, "serve": {"server": "llama-cpp-python"}}))
+    data = Path(whole).read_bytes()
+    key = b"tokenizer.ggml.model"
+    at = data.index(key) + len(key)
+    value = data.index(b"llama", at)  # the value follows the key's type and length
+    broken = tmp_path / "unknown-tokenizer.gguf"
+    broken.write_bytes(data[:value] + b"llamx" + data[value + 5:])
+    record, path = run_serving({**LLAMA, "weights": str(broken), "model_source": "path",
+                                "serve": {"server": "llama-cpp-python", "requests": 1}}, tmp_path / "runs",
                                say=lambda m: None)
     assert record["status"] == "crash" and "before it answered" in record["reason"]
     assert record["log_tail"] and Path(path).is_file()
+    assert any("unknown tokenizer: 'llamx'" in line for line in record["log_tail"])  # llama.cpp's own reason
     assert _closed(record["measurements"]["serving"]["port"])
 
 
