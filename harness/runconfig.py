@@ -56,13 +56,9 @@ def prepare_config(config: Mapping[str, Any]) -> dict[str, Any]:
         cfg["serve"] = normalize_serve(cfg["serve"])
         cfg["batch"] = cfg["serve"]["max_num_seqs"]
         # the server that runs it (refused for an engine without one, before anything runs); an external server's
-        # is the one it says it is (harness.serving.external.probe), nothing to find here
-        if cfg["serve"].get("external") is not None and cfg["serve"].get("server") is not None:
-            from harness.engines.setup import EngineSetup
-
-            cfg["serve"]["server"] = EngineSetup.server_name(engine_setup(cfg["engine"]), cfg["serve"]["server"])
-        else:
-            cfg["serve"]["server"] = engine_setup(cfg["engine"]).server_name(cfg["serve"].get("server"))
+        # is the one it says it is (harness.serving.external.probe), nothing of it to find here
+        cfg["serve"]["server"] = engine_setup(cfg["engine"]).server_name(
+            cfg["serve"].get("server"), local=cfg["serve"].get("external") is None)
         if int(cfg["gen_tokens"]) < 1:
             raise BenchcalError("a serving run generates at least one token per request (gen_tokens >= 1)")
     for key in ("context", "reps", "batch", "device_count"):

@@ -194,17 +194,12 @@ class Coefficients:
         return CoefficientSet(engine, values, "calibrated", scope_name, source, unc, bands, origin, applied,
                               band_source)
 
-    def evidence(self, engine: str, device_id: str) -> list[tuple[str | None, str]]:
-        """The (backend, format family) pairs of the runs of ``engine`` on ``device_id`` the table was fitted on
-        (``engines.<engine>.evidence.devices``, written by ``benchcal calibrate``; :mod:`predictor.evidence`)."""
-        found = ((((self.table.get("engines") or {}).get(engine) or {}).get("evidence") or {}).get("devices") or {})
-        return [(pair[0], pair[1]) for pair in found.get(device_id) or []]
-
-    def family_evidence(self, engine: str, family: str, key: str = "families") -> list[tuple[str | None, str]]:
-        """As :meth:`evidence`, over the runs of a device family (``evidence.families``), or with ``key="kinds"``
-        of a device kind (``evidence.kinds``: gpu, unified, cpu)."""
+    def evidence(self, engine: str, name: str, key: str = "devices") -> list[tuple[str | None, str]]:
+        """The (backend, format family) pairs of the runs of ``engine`` the table was fitted on, of the device
+        ``name`` (``key`` ``devices``), the device family (``families``) or the device kind (``kinds``: gpu,
+        unified, cpu): ``engines.<engine>.evidence``, written by ``benchcal calibrate`` (:mod:`predictor.evidence`)."""
         found = ((((self.table.get("engines") or {}).get(engine) or {}).get("evidence") or {}).get(key) or {})
-        return [(pair[0], pair[1]) for pair in found.get(family) or []]
+        return [(pair[0], pair[1]) for pair in found.get(name) or []]
 
     def era_overlay(self, engine: str, era: str | None, kind: str | None) -> dict[str, Any]:
         """The era terms fitted for ``era`` on devices of ``kind`` (empty when the table has none)."""

@@ -56,7 +56,7 @@ def evidence_level(cset: CoefficientSet, table: Coefficients, engine: str, devic
     """The level of one prediction, the basis it names and the band at that level (``{decode, prefill, ...}``
     relative errors, and where they come from)."""
     pairs = table.evidence(engine, device_id)
-    family_pairs = table.family_evidence(engine, cset.scope[7:]) if cset.scope.startswith("family:") else []
+    family_pairs = table.evidence(engine, cset.scope[7:], "families") if cset.scope.startswith("family:") else []
     fam = format_family(quant)
     backends = {b for b, _ in pairs}
     if cset.status == "default":
@@ -75,7 +75,7 @@ def evidence_level(cset: CoefficientSet, table: Coefficients, engine: str, devic
     elif cset.scope.startswith("family:"):
         level, basis = "extrapolated", f"{engine} runs of the {cset.scope[7:]} family, none{_on(backend)}"
     elif cset.scope.startswith("prior:") and (backend is None or backend in {
-            b for b, _ in table.family_evidence(engine, kind, "kinds")}):
+            b for b, _ in table.evidence(engine, kind, "kinds")}):
         level, basis = "prior", ("the physics prior (memory type, FLOPS/bandwidth ratio) fitted on the measured "
                                  f"{kind} devices: no run of this device or its family")
     elif cset.scope.startswith("prior:"):

@@ -580,12 +580,6 @@ def _hourly(device: Device, count: int) -> float | None:
     return round(rental[0], 4) if rental else None
 
 
-def _decode_or_zero(values: dict[str, float]) -> float:
-    """A candidate's decode rate for ranking: 0 where the catalogue cannot give one (ranked last, never first)."""
-    rate = values["decode_tok_s"]
-    return float(rate) if np.isfinite(rate) else 0.0
-
-
 def recommend_report(arch: ModelArch, context: int, quant: str | None = None, engine: str = "llama.cpp", *,
                      min_decode: float = 0.0, budget_usd: float | None = None, table: Coefficients | None = None,
                      prompt_tokens: int = 4096, rig_sizes: Sequence[int] = (1, 2, 4, 8),

@@ -45,10 +45,11 @@ class EngineSetup:
         """Download ``repo`` with ``huggingface_hub`` (``hub``); the path of what the engine loads."""
         return hub.snapshot_download(repo)
 
-    def server_name(self, asked: str | None) -> str:
+    def server_name(self, asked: str | None, local: bool = True) -> str:
         """The server a serving run of this engine uses: ``asked`` (``serve.server``) when it is one of those that
         serve it (:data:`predictor.load.SERVERS`), the first of them when None; BenchcalError otherwise or when the
-        engine has no server."""
+        engine has no server. ``local``: the server runs on this machine, so what it needs must be found here
+        (False for a server that is already running elsewhere, :mod:`harness.serving.external`)."""
         from predictor.errors import BenchcalError
         from predictor.load import SERVERS
 

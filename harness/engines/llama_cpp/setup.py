@@ -9,6 +9,7 @@ from typing import Any
 
 from harness.engines.setup import EngineSetup, ServerSetup, catalogue_arch, default_threads, gguf_path
 from predictor.errors import BenchcalError
+from predictor.quants import quantized_kv
 
 
 class LlamaCppSetup(EngineSetup):
@@ -47,7 +48,7 @@ class LlamaCppSetup(EngineSetup):
             raise BenchcalError(f"KV cache dtype {cfg.get('kv_dtype')!r} is not one llama.cpp has "
                                 f"(choose from: {', '.join(KV_TYPES)})")
         options.setdefault("flash_attn", False)
-        if kv not in ("f16", "f32", "bf16") and not options["flash_attn"]:
+        if quantized_kv(kv) and not options["flash_attn"]:
             raise BenchcalError(f"KV cache dtype {kv} without flash attention: llama.cpp refuses a quantized V cache "
                                 "unless flash attention is on (add --flash-attn, or engine option flash_attn = true)")
         options.setdefault("n_batch", 512)
@@ -88,15 +89,16 @@ class LlamaCppSetup(EngineSetup):
                                 "(a GGUF repository and file name)")
         return hub.hf_hub_download(repo, filename)
 
-    def server_name(self, asked: str | None) -> str:
+    def server_name(self, asked: str | None, local: bool = True) -> str:
         """llama.cpp's own ``llama-server`` where one exists (``$BENCHCAL_LLAMA_SERVER``, else on PATH), else
-        llama-cpp-python's ``llama_cpp.server``; ``llama-server`` asked for and none found is refused."""
+        llama-cpp-python's ``llama_cpp.server``; ``llama-server`` asked for and none found here is refused (unless
+        it is not ``local``: one already running elsewhere)."""
         from harness.engines.llama_cpp.server import LLAMA_SERVER_ENV, find_llama_server
 
         if asked is None:
             return "llama-server" if find_llama_server() else "llama-cpp-python"
-        name = super().server_name(asked)
-        if name == "llama-server" and not find_llama_server():
+        name = super().server_name(asked, local)
+        if name == "llama-server" and local and not find_llama_server():
             raise BenchcalError(f"serve.server llama-server: no llama-server binary on PATH and {LLAMA_SERVER_ENV} "
                                 "is not set")
         return name
