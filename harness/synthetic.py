@@ -68,8 +68,16 @@ SPEC_FIELDS = (
     "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size", "max_context", "tie_embeddings",
     "num_experts", "experts_per_token", "rope_theta", "rms_norm_eps",
 )
-# Overridable fields (to shrink a model for tests) and their Hugging Face config.json names.
-OVERRIDABLE = {"num_layers": "num_hidden_layers", "vocab_size": "vocab_size", "max_context": "max_position_embeddings"}
+# Overridable fields (to shrink a model for tests, or give a mixture of experts another expert count) and the
+# Hugging Face config.json names each may have (the first the config holds is set; else the first listed).
+OVERRIDABLE: dict[str, tuple[str, ...]] = {
+    "num_layers": ("num_hidden_layers",),
+    "vocab_size": ("vocab_size",),
+    "max_context": ("max_position_embeddings",),
+    "num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+    "experts_per_token": ("num_experts_per_tok",),
+}
+_EXPERT_OVERRIDES = ("num_experts", "experts_per_token")
 # Families whose llama.cpp graph is the layout written here; others get the same shapes in a llama layout.
 EXACT_LAYOUT_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "smollm")
 
@@ -84,6 +92,38 @@ def _check_overrides(overrides: Mapping[str, int] | None) -> dict[str, int]:
             raise BenchcalError(f"override {key} must be positive, got {value!r}")
         checked[key] = int(value)
     return checked
+
+
+def apply_config_overrides(config: Mapping[str, Any], overrides: Mapping[str, int] | None) -> dict[str, Any]:
+    """A copy of a Hugging Face ``config`` with synthetic ``overrides`` (:data:`OVERRIDABLE`) applied, inside its
+    ``text_config`` too; ``layer_types`` lists (sliding/full pattern) are cut to a new layer count. Expert counts
+    apply to a mixture of experts only, and no more experts per token than experts (BenchcalError, one line)."""
+    out = json.loads(json.dumps(dict(config)))
+    checked = _check_overrides(overrides)
+    if not checked:
+        return out
+    targets = [out] + ([out["text_config"]] if isinstance(out.get("text_config"), dict) else [])
+    text = targets[-1]
+    if any(key in checked for key in _EXPERT_OVERRIDES):
+        names = OVERRIDABLE["num_experts"]
+        experts = next((int(text[n]) for n in names if text.get(n)), 0)
+        if not experts:
+            raise BenchcalError("num_experts / experts_per_token override a mixture of experts; "
+                                "this model has no experts")
+        used = checked.get("experts_per_token", int(text.get("num_experts_per_tok") or 0))
+        if used > checked.get("num_experts", experts):
+            raise BenchcalError(f"experts_per_token ({used}) cannot exceed num_experts "
+                                f"({checked.get('num_experts', experts)})")
+    for target in targets:
+        for key, value in checked.items():
+            names = OVERRIDABLE[key]
+            if key in _EXPERT_OVERRIDES and not any(target.get(n) for n in OVERRIDABLE["num_experts"]):
+                continue  # the expert counts live in the part of the config that has experts
+            name = next((n for n in names if n in target), names[0])
+            target[name] = value
+            if key == "num_layers" and isinstance(target.get("layer_types"), list):
+                target["layer_types"] = target["layer_types"][:value]
+    return out
 
 
 def spec_from_arch(arch: Any, overrides: Mapping[str, int] | None = None,
@@ -152,10 +192,7 @@ def resolve_arch(model: str, overrides: Mapping[str, int] | None = None) -> Any:
     entry = catalogue_entry(arch.id)
     if entry is None:
         raise BenchcalError(f"{model}: overrides need a catalogue model with a config")
-    config = json.loads(json.dumps(entry["config"]))
-    target = config["text_config"] if isinstance(config.get("text_config"), dict) else config
-    for key, value in checked.items():
-        target[OVERRIDABLE[key]] = value
+    config = apply_config_overrides(entry["config"], checked)
     return from_hf_config(config, id=arch.id, name=arch.name, hf_id=arch.hf_id, source=entry["source"])
 
 

@@ -133,30 +133,11 @@ def base_config(model: str) -> dict[str, Any]:
 
 
 def shrink_config(config: Mapping[str, Any], overrides: Mapping[str, int] | None) -> dict[str, Any]:
-    """Apply ``num_layers`` / ``vocab_size`` / ``max_context`` overrides (also inside ``text_config``).
+    """Apply synthetic overrides (``num_layers``, ``vocab_size``, ``max_context``, a mixture of experts'
+    ``num_experts`` / ``experts_per_token``; :func:`harness.synthetic.apply_config_overrides`)."""
+    from harness.synthetic import apply_config_overrides
 
-    ``layer_types`` lists (sliding/full pattern) are cut to the new layer count.
-    """
-    out = copy.deepcopy(dict(config))
-    if not overrides:
-        return out
-    unknown = set(overrides) - {"num_layers", "vocab_size", "max_context"}
-    if unknown:
-        raise BenchcalError(f"unknown synthetic override(s): {', '.join(sorted(unknown))}")
-    targets = [out]
-    if isinstance(out.get("text_config"), dict):
-        targets.append(out["text_config"])
-    for target in targets:
-        if "num_layers" in overrides:
-            layers = int(overrides["num_layers"])
-            target["num_hidden_layers"] = layers
-            if isinstance(target.get("layer_types"), list):
-                target["layer_types"] = target["layer_types"][:layers]
-        if "vocab_size" in overrides:
-            target["vocab_size"] = int(overrides["vocab_size"])
-        if "max_context" in overrides:
-            target["max_position_embeddings"] = int(overrides["max_context"])
-    return out
+    return apply_config_overrides(config, overrides)
 
 
 def content_hash(config: Mapping[str, Any]) -> str:

@@ -58,7 +58,7 @@ def test_shrinking_a_multimodal_config_cuts_the_text_model_and_its_layer_pattern
     assert text["num_hidden_layers"] == 6 and text["vocab_size"] == 1024
     if "layer_types" in text:
         assert len(text["layer_types"]) == 6
-    with pytest.raises(BenchcalError, match="unknown synthetic override"):
+    with pytest.raises(BenchcalError, match="cannot override"):
         synthetic_hf.shrink_config(config, {"layers": 2})
 
 

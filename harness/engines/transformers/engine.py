@@ -20,7 +20,6 @@ figures, KV cache bytes) that :meth:`TransformersEngine.memory_breakdown` parses
 
 from __future__ import annotations
 
-import copy
 import gc
 import inspect
 import time
@@ -34,9 +33,6 @@ from predictor.errors import BenchcalError
 
 # Weight format -> torch dtype name. None: bfloat16 on a GPU, float32 on a CPU.
 DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
-# Synthetic-model override names -> Hugging Face config.json names (harness.synthetic.OVERRIDABLE).
-HF_OVERRIDE_KEYS = {"num_layers": "num_hidden_layers", "vocab_size": "vocab_size",
-                    "max_context": "max_position_embeddings"}
 
 
 def hf_config_dict(model_id: str, overrides: Mapping[str, int] | None = None) -> dict[str, Any]:
@@ -48,13 +44,11 @@ def hf_config_dict(model_id: str, overrides: Mapping[str, int] | None = None) ->
     entry = catalogue_entry(arch.id)
     if not entry or not entry.get("config"):
         raise BenchcalError(f"{model_id}: the catalogue has no config.json fields to build it from")
-    config = copy.deepcopy(entry["config"])
+    from harness.synthetic import apply_config_overrides
+
+    config = apply_config_overrides(entry["config"], overrides)
     if isinstance(config.get("text_config"), dict):
         config = config["text_config"]
-    for key, value in (overrides or {}).items():
-        if key not in HF_OVERRIDE_KEYS:
-            raise BenchcalError(f"the transformers engine cannot override {key!r} (can: {', '.join(HF_OVERRIDE_KEYS)})")
-        config[HF_OVERRIDE_KEYS[key]] = int(value)
     if not config.get("model_type"):
         raise BenchcalError(f"{model_id}: its config has no model_type")
     return config
