@@ -51,7 +51,7 @@ test: install install-vllm install-browser
 lint: install
 	$(BIN)/ruff check .
 
-# With no MODEL and no SWEEP: calibrate this machine (harness/sweeps/host-calibration.toml, ~3 minutes on
+# With no MODEL and no SWEEP: calibrate this machine (harness/sweeps/host-calibration.toml, ~3.5 minutes on
 # 2 cores) when no run describes it, else measure the smoke sweep against its calibrated predictions.
 bench: install
 ifeq ($(strip $(MODEL)),)

@@ -47,7 +47,7 @@ CPU_UPPER = {c.name: c.cpu_upper for c in REGISTRY.values() if c.cpu_upper is no
 DROP_ORDER = ("decode_kquant_flops_per_weight", "decode_fixed_per_layer_us", "decode_moe_per_layer_us", "decode_kv_efficiency", "decode_kv_reread", "decode_generic_flops_per_byte",
               "decode_dequant_flops_per_byte",
               "host_bw_efficiency", "prefill_unpack_flops_per_weight", "prefill_generic_flops_per_weight",
-              "prefill_q8_flops_per_weight",
+              "prefill_q8_flops_per_weight", "prefill_expert_vecdot_flops_per_weight",
               "prefill_dequant_bytes_per_weight", "prefill_attn_efficiency", "prefill_scores_efficiency",
               "prefill_fixed_ms", "decode_fixed_ms", "compute_buffer_scale", "runtime_fixed_gib",
               "prefill_f16_efficiency", "prefill_compute_efficiency", "decode_bw_efficiency")

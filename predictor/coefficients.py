@@ -283,7 +283,7 @@ def default_coefficients() -> Coefficients:
     return shipped.with_devices_from(load_coefficients(user_path)) if user_path else shipped
 
 
-HOST_UNCALIBRATED = "uncalibrated on this host; `make bench` calibrates it in ~3 minutes"
+HOST_UNCALIBRATED = "uncalibrated on this host; `make bench` calibrates it in ~3.5 minutes"
 
 
 def host_calibration_note(kind: str, device_id: str, scope: str) -> str | None:

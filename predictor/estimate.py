@@ -200,6 +200,11 @@ def evaluate(
     )
     cpu_llama = (kind == "cpu") & et.cpu_kernel_paths
     layer_params = arch.params_active - tp.lm_head_params(arch)
+    # a mixture of experts' routed expert weights one token multiplies; on the CPU, those in F16/BF16 go through
+    # mul_mat_id's dot products, not llamafile's GEMM (the float tensors' share of them taken as of all layers)
+    routed = (arch.params_expert * arch.experts_per_token / arch.num_experts) if arch.num_experts else 0.0
+    expert_share = min(1.0, routed / layer_params) if layer_params > 0 else 0.0
+    floats_cpu = np.asarray(cpu_float_weights, float)
     prefill_s = tp.prefill_seconds(
         arch,
         coeffs,
@@ -223,7 +228,8 @@ def evaluate(
             1.0 - np.asarray(repack_share if cpu_repack_weights is None else cpu_repack_weights, float)
             - np.asarray(cpu_float_weights, float) - np.asarray(cpu_q8_weights, float))), 0.0),
         q8_weights=np.where(cpu_llama, layer_params * np.asarray(cpu_q8_weights, float), 0.0),
-        float_share=np.where(cpu_llama, np.asarray(cpu_float_weights, float), 0.0),
+        float_share=np.where(cpu_llama, floats_cpu * (1.0 - expert_share), 0.0),
+        vecdot_weights=np.where(cpu_llama, routed * floats_cpu, 0.0),
         expert_tile=expert_tile,
     )
     result = {

@@ -188,7 +188,9 @@ def llama_compute_buffer_bytes(arch: ModelArch, context, n_ubatch, flash_attn, b
     - output: f32 logits for every token of the ubatch (n_ubatch x vocab) + 3 h;
     - FFN: the gated FFN's gate, up and product (3 x n_ubatch x d_ff, f32) + 4 h;
     - attention: without flash attention the f32 scores (n_ubatch x n_ctx x n_heads, n_ctx being the whole
-      cache), with the Q/K/V tensors and their permuted copies around them, 6.5 h in the captured logs.
+      cache), with the Q/K/V tensors and their permuted copies around them: 6.5 h in the captured logs where the
+      query heads are d_model wide, the Q tensor and its copy at the query heads' width where they are not
+      (4.5 h + 2 q; Qwen3-30B-A3B's 32 x 128 = 2 x d_model: 162.01 MiB reported and predicted at 512 / 2,048).
 
     This reproduces every compute buffer llama.cpp reported (``sched_reserve: CPU compute buffer size``)
     in the committed CPU runs within 2% (but smollm2-135m Q4_0 with flash attention at 2048 tokens, 3.1%
@@ -200,7 +202,9 @@ def llama_compute_buffer_bytes(arch: ModelArch, context, n_ubatch, flash_attn, b
     ffn_phase = ub * F32_BYTES * 3.0 * arch.intermediate_size + 4.0 * hidden
     n_ctx = np.asarray(context, float) * np.asarray(batch, float)
     scores = ub * n_ctx * arch.num_attention_heads * F32_BYTES
-    attention_phase = np.where(np.asarray(flash_attn, bool), 0.0, scores) + 6.5 * hidden
+    # the Q tensor and its permuted copy are as wide as the query heads (Qwen3: 2 x d_model), the rest d_model
+    query = ub * F32_BYTES * arch.num_attention_heads * arch.head_dim
+    attention_phase = np.where(np.asarray(flash_attn, bool), 0.0, scores) + 4.5 * hidden + 2.0 * query
     return np.maximum(np.maximum(output_phase, ffn_phase), attention_phase)
 
 

@@ -215,6 +215,18 @@ _COEFFICIENTS: tuple[Coefficient, ...] = (
         kinds=('cpu',),
     ),
     Coefficient(
+        name="prefill_expert_vecdot_flops_per_weight",
+        unit="ops per weight",
+        meaning="the same for a mixture of experts' routed expert weights in F16/BF16/F32, which llama.cpp's CPU backend multiplies in mul_mat_id's row-by-column dot products (ggml-cpu.c: llamafile's GEMM serves mul_mat only; the repacked formats have their own mul_mat_id); CPU only",
+        defaults={
+            "llama.cpp": (0.0, _GENERIC),
+            "vllm": (0.0, _GENERIC),
+        },
+        bounds=(0.0, 1000.0),
+        kinds=('cpu',),
+        engines=('llama.cpp',),
+    ),
+    Coefficient(
         name="prefill_compute_efficiency",
         unit="of peak FLOPS",
         meaning='achieved / peak dense FP16 FLOPS for the weight matmuls, 0-1 (CPU: of the probed matmul rate, for the repacked and generic paths)',
@@ -386,7 +398,7 @@ COEFFICIENT_NAMES: tuple[str, ...] = tuple(REGISTRY)
 # The fitted terms of each quantity, in the order of the fit's design columns (calibration.features).
 FIT_TERMS: dict[str, tuple[str, ...]] = {
     "decode": ('decode_fixed_ms', 'decode_fixed_per_layer_us', 'decode_bw_efficiency', 'decode_kv_efficiency', 'decode_kv_reread', 'decode_moe_per_layer_us', 'decode_dequant_flops_per_byte', 'decode_generic_flops_per_byte', 'decode_kquant_flops_per_weight', 'host_bw_efficiency'),
-    "prefill": ('prefill_fixed_ms', 'decode_bw_efficiency', 'prefill_compute_efficiency', 'prefill_f16_efficiency', 'prefill_attn_efficiency', 'prefill_scores_efficiency', 'prefill_dequant_bytes_per_weight', 'prefill_unpack_flops_per_weight', 'prefill_generic_flops_per_weight', 'prefill_q8_flops_per_weight'),
+    "prefill": ('prefill_fixed_ms', 'decode_bw_efficiency', 'prefill_compute_efficiency', 'prefill_f16_efficiency', 'prefill_attn_efficiency', 'prefill_scores_efficiency', 'prefill_dequant_bytes_per_weight', 'prefill_unpack_flops_per_weight', 'prefill_generic_flops_per_weight', 'prefill_q8_flops_per_weight', 'prefill_expert_vecdot_flops_per_weight'),
     "memory": ('runtime_fixed_gib', 'compute_buffer_scale'),
 }
 # Uncalibrated defaults per engine: (value, where it comes from); calibration replaces them.

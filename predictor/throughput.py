@@ -233,6 +233,7 @@ def prefill_seconds(
     generic_weights=0.0,
     float_share=0.0,
     q8_weights=0.0,
+    vecdot_weights=0.0,
     prompt_depth=0.0,
     expert_tile=None,
 ):
@@ -253,6 +254,10 @@ def prefill_seconds(
     FLOPs llama.cpp's CPU backend runs on F16/BF16/F32 weights (llamafile's GEMM), at
     ``prefill_f16_efficiency`` instead of ``prefill_compute_efficiency``. ``q8_weights``: layer weights in Q8_0
     on that generic path, ``prefill_q8_flops_per_weight`` operations each per token (its simplest dot product).
+    ``vecdot_weights``: a mixture of experts' routed expert weights (those one token multiplies) in F16/BF16 on
+    the CPU, which mul_mat_id multiplies row by column rather than with llamafile's GEMM: at
+    ``prefill_compute_efficiency`` (not in ``float_share``) and ``prefill_expert_vecdot_flops_per_weight``
+    operations each per token beyond it.
     ``expert_tile``: the token columns of the tiles the backend multiplies a mixture of experts' routed experts in
     (:func:`expert_padding_factor`; None or NaN: no padding).
     """
@@ -286,10 +291,12 @@ def prefill_seconds(
     t_gen = n * generic * coeffs["prefill_generic_flops_per_weight"] / peak if np.any(generic > 0) else 0.0
     q8 = np.asarray(q8_weights, float)
     t_q8 = n * q8 * coeffs["prefill_q8_flops_per_weight"] / peak if np.any(q8 > 0) else 0.0
+    vd = np.asarray(vecdot_weights, float)
+    t_vd = n * vd * coeffs["prefill_expert_vecdot_flops_per_weight"] / peak if np.any(vd > 0) else 0.0
     # tensor parallelism: two all-reduces a layer in each ubatch's (vLLM: each chunk's) forward, as in decode's
     # step; their latency only (the catalogue has no interconnect bandwidth to price their bytes)
     ranks = np.asarray(device_count, float)
     t_comm = (np.where(ranks > 1, n_ub * 2.0 * arch.num_layers * coeffs["tp_allreduce_us"] * 1e-6, 0.0)
               if tensor_parallel and np.any(ranks > 1) else 0.0)
     return (coeffs["prefill_fixed_ms"] * 1e-3 + np.maximum(t_bw, t_mm) + t_attn + t_pcie + t_dq + t_up + t_gen + t_q8
-            + t_comm)
+            + t_vd + t_comm)

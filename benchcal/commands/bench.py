@@ -33,7 +33,7 @@ examples:
 Weights are synthetic by default: a GGUF with the model's real tensor shapes and random values, built
 once and cached under ~/.cache/benchcal (BENCHCAL_CACHE). Speed and memory do not depend on the values.
 Without --model and --sweep, bench calibrates a device no run describes (CPU hosts by model, ISA and
-cores): it measures harness/sweeps/host-calibration.toml (about 3 minutes on 2 cores), fits it over the
+cores): it measures harness/sweeps/host-calibration.toml (about 3.5 minutes on 2 cores), fits it over the
 shipped table into $BENCHCAL_HOME/calibration and prints measured vs predicted before and after, and
 predictions for configurations it did not measure; on a calibrated device it measures the smoke sweep.
 Every run is stored as one JSON record under your runs directory (--runs-dir, BENCHCAL_RUNS, else
@@ -79,7 +79,8 @@ def register(subparsers: Any) -> None:
                        "one fewer without SMT so the memory sampler has a hardware thread)")
     bench.add_argument("--override", action="append", default=[], metavar="KEY=N",
                        help="shrink a synthetic model, e.g. --override num_layers=4 --override vocab_size=4096 "
-                       "(recorded in the config)")
+                       "(also max_context, and a mixture of experts' num_experts, experts_per_token; recorded in "
+                       "the config)")
     bench.add_argument("--serve", action="store_true", help="measure the engine's OpenAI-compatible server under "
                        "load instead (one prompt length: the first of --prompt; --gen tokens per request)")
     bench.add_argument("--concurrency", default=None, help="with --serve: requests in flight, comma-separated "
