@@ -91,7 +91,9 @@ def group_metrics(dataset: Dataset, predictions: dict[str, np.ndarray],
         if len(block) == 0:
             continue
         errors = np.where(scored_rows(dataset, q, include_noisy), quantity_ape(q, predictions[q], actual[q]), np.nan)
-        groups = (block.meta["engine"].astype(str) + "/" + block.meta["device_id"].astype(str)).to_numpy()
+        # a record without a device id (an import the catalogue does not place) is grouped as "unknown"
+        devices = block.meta["device_id"].where(block.meta["device_id"].notna(), "unknown").astype(str)
+        groups = (block.meta["engine"].astype(str) + "/" + devices).to_numpy()
         for group in sorted(set(groups)):
             stats = summarize_errors(errors[groups == group])
             if stats["n"]:
