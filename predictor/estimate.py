@@ -202,7 +202,7 @@ def evaluate(
     layer_params = arch.params_active - tp.lm_head_params(arch)
     # a mixture of experts' routed expert weights one token multiplies; on the CPU, those in F16/BF16 go through
     # mul_mat_id's dot products, not llamafile's GEMM (the float tensors' share of them taken as of all layers)
-    routed = (arch.params_expert * arch.experts_per_token / arch.num_experts) if arch.num_experts else 0.0
+    routed = tp.routed_params_per_token(arch)
     expert_share = min(1.0, routed / layer_params) if layer_params > 0 else 0.0
     floats_cpu = np.asarray(cpu_float_weights, float)
     prefill_s = tp.prefill_seconds(
@@ -226,7 +226,7 @@ def evaluate(
         # three rates, whose order differs between CPUs (AVX2 Zen 3: F16 fastest; AVX-512 Zen 4: Q4_0).
         generic_weights=np.where(cpu_llama, layer_params * np.maximum(0.0, (
             1.0 - np.asarray(repack_share if cpu_repack_weights is None else cpu_repack_weights, float)
-            - np.asarray(cpu_float_weights, float) - np.asarray(cpu_q8_weights, float))), 0.0),
+            - floats_cpu - np.asarray(cpu_q8_weights, float))), 0.0),
         q8_weights=np.where(cpu_llama, layer_params * np.asarray(cpu_q8_weights, float), 0.0),
         float_share=np.where(cpu_llama, floats_cpu * (1.0 - expert_share), 0.0),
         vecdot_weights=np.where(cpu_llama, routed * floats_cpu, 0.0),

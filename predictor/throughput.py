@@ -44,12 +44,17 @@ def moe_active_fraction(arch: ModelArch, batch):
     return 1.0 - (1.0 - k / e) ** np.asarray(batch, float)
 
 
+def routed_params_per_token(arch: ModelArch) -> float:
+    """Routed-expert parameters one token multiplies (k of E experts); 0 for a dense model."""
+    return arch.params_expert * arch.experts_per_token / arch.num_experts if arch.num_experts else 0.0
+
+
 def _step_params(arch: ModelArch, batch):
     """(non-expert, routed-expert) parameters one decode step of ``batch`` tokens multiplies: the active
     ones, plus the routed experts the batch touches."""
     if not arch.num_experts:
         return float(arch.params_active), np.zeros_like(np.asarray(batch, float))
-    dense_active = arch.params_active - arch.params_expert * arch.experts_per_token / arch.num_experts
+    dense_active = arch.params_active - routed_params_per_token(arch)
     return dense_active, arch.params_expert * moe_active_fraction(arch, batch)
 
 
@@ -186,8 +191,7 @@ def prefill_matmul_flops(arch: ModelArch, prompt_tokens, n_ubatch=None, expert_t
     rest = n - full * ub
     padded = full * ub * expert_padding_factor(arch, ub, expert_tile) + rest * expert_padding_factor(
         arch, rest, expert_tile)
-    routed = arch.params_expert * arch.experts_per_token / arch.num_experts  # routed weights one token multiplies
-    return flops + 2.0 * routed * (padded - n)
+    return flops + 2.0 * routed_params_per_token(arch) * (padded - n)
 
 
 def _positions_attended(end, window=None):
