@@ -130,19 +130,20 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
         host_memory_gib=float(row["host_memory_gib"]) if _finite(row.get("host_memory_gib")) else None,
         weights_bytes=float(weights) if _finite(weights) and float(weights) > 0 else None,
         backend=str(row["backend"]) if isinstance(row.get("backend"), str) and row.get("backend") else None,
+        logits_all=row.get("logits_all") is True,
     )
     inputs = scenario_inputs(scenario, arch, device, engine)
     kwargs = dict(inputs.kwargs)
     kwargs["bits_per_weight"] = _nan(kwargs["bits_per_weight"])
     kwargs["exact_weights_bytes"] = _nan(kwargs["exact_weights_bytes"])
     return {"arch": arch, "engine": engine, "device_id": device.id, "family": device.family, **kwargs,
-            "cublas_dequant": row.get("quantized_matmul") == "cublas-fp16"}
+            "cublas_dequant": row.get("quantized_matmul") == "cublas-fp16" or bool(kwargs.get("cublas_dequant"))}
 
 
 ARRAY_INPUTS = ("memory_gib", "usable_gib", "bandwidth_gbs", "tflops", "bits_per_weight", "exact_weights_bytes",
                 "kv_bytes_per_element", "context", "batch", "device_count", "offload_fraction", "flash_attn",
                 "cpu_repack", "cpu_repack_weights", "cpu_float_weights", "cpu_q8_weights", "cpu_generic_bytes", "kquant_low_weights", "n_ubatch", "cublas_dequant", "host_bandwidth_gbs", "host_memory_gib", "prompt_depth",
-                "expert_tile")
+                "expert_tile", "logits_all")
 
 
 @dataclass

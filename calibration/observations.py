@@ -40,7 +40,7 @@ RUN_COLUMNS = (
     "device_count", "context", "batch", "kv_dtype", "n_gpu_layers", "flash_attn", "n_ubatch",
     "offload_fraction", "weights_bytes", "host_bandwidth_gbs", "host_matmul_gflops", "host_memory_gib", "host_id",
     "engine_version", "era", "backend", "quantized_matmul", "prediction_error", "pred_verdict", "excluded_from_fit", "source_set",
-    "path",
+    "logits_all", "path",
 )
 
 DECODE_COLUMNS = ("decode_tok_s", "decode_step_s", "decode_context", "gen_tokens", "rel_std", "exclude_reason")
@@ -198,6 +198,8 @@ def run_row(path: Path, record: dict[str, Any]) -> dict[str, Any]:
         "source_set": source_set(record),
         "era": run_era(str(base["engine"]), base["engine_version"], base["engine_commit"]),
         "backend": record_backend(base),
+        # llama-perplexity scores every prompt token: its prefill computes (and copies) every token's logits
+        "logits_all": prov.get("logits_all") is True,
     })
     return {name: row[name] for name in RUN_COLUMNS}
 

@@ -39,8 +39,11 @@ def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
         bw = [(d, dev, float(e["decode_bw_efficiency"]["value"])) for d, dev, e in rows
               if (e.get("decode_bw_efficiency") or {}).get("identified")]
         ratios = {d: flops_per_byte(dev.matmul_tflops(engine), dev.bandwidth_gbs) for d, dev, _ in rows}
+        # prefill's prior describes the backends' own quantized matmul kernels: a device whose prompts go through
+        # an FP16 copy and the BLAS library instead (CUDA on Volta) stays out of it
+        kernels = [(d, dev, e) for d, dev, e in rows if not _fp16_gemm_device(dev, engine)]
         fl = [(d, math.log(float(e["prefill_compute_efficiency"]["value"])), math.log(ratios[d]))
-              for d, _, e in rows if (e.get("prefill_compute_efficiency") or {}).get("identified") and ratios[d]]
+              for d, _, e in kernels if (e.get("prefill_compute_efficiency") or {}).get("identified") and ratios[d]]
         entry: dict[str, Any] = {}
         classes: dict[str, list[tuple[str, float]]] = {}
         for d, dev, value in bw:
@@ -64,7 +67,7 @@ def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
                         "(bytes): least squares in log space over the measured devices, bytes_per_cycle the smallest "
                         "the fit allows; a device without unit and clock figures takes its memory class's median"}
         flops_units = [(d, flops_per_unit_cycle(dev, engine), float(e["prefill_compute_efficiency"]["value"]))
-                       for d, dev, e in rows if (e.get("prefill_compute_efficiency") or {}).get("identified")]
+                       for d, dev, e in kernels if (e.get("prefill_compute_efficiency") or {}).get("identified")]
         flops_units = [(d, f, v) for d, f, v in flops_units if f]
         if len(flops_units) >= MIN_PRIOR_DEVICES:
             # in thousands of FLOP per unit per cycle, the scale fit_unit_limit's grid spans
@@ -92,6 +95,15 @@ def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
         if entry:
             out.setdefault("kinds", {})[kind] = entry
     return out
+
+
+def _fp16_gemm_device(device: Any, engine: str) -> bool:
+    """Whether llama.cpp's default backend on ``device`` multiplies a prompt's quantized weights through an FP16
+    copy and the BLAS library in every build (:meth:`predictor.backends.Backend.quantized_prefill_through_fp16`)."""
+    from predictor.backends import default_backend
+
+    backend = default_backend(device.vendor) if engine == "llama.cpp" else None
+    return bool(backend is not None and backend.quantized_prefill_through_fp16(device.architecture))
 
 
 def fit_unit_limit(bytes_per_unit_cycle: list[float], efficiencies: list[float]) -> tuple[float, float]:

@@ -22,7 +22,9 @@ BACKENDS_PATH = Path(__file__).with_name("data") / "backends.json"
 class Backend:
     """One llama.cpp backend. ``expert_tile_tokens``: the token columns of the tiles its prefill multiplies a
     quantized expert's routed tokens in (None: not read from its source, priced as the dense matmul; 1: no
-    padding); ``expert_tile_tokens_without_mma`` the width on the ``architectures_without_mma``."""
+    padding); ``expert_tile_tokens_without_mma`` the width on the ``architectures_without_mma``;
+    ``fp16_gemm_architectures`` the device architectures whose prompts multiply quantized weights through an FP16
+    copy and the BLAS library rather than the backend's quantized kernels."""
 
     id: str
     aliases: tuple[str, ...]
@@ -31,6 +33,12 @@ class Backend:
     expert_tile_tokens: int | None
     expert_tile_tokens_without_mma: int | None = None
     architectures_without_mma: tuple[str, ...] = ()
+    fp16_gemm_architectures: tuple[str, ...] = ()
+
+    def quantized_prefill_through_fp16(self, architecture: str | None) -> bool:
+        """Whether a prompt's quantized weights are dequantized to an FP16 copy and multiplied by the vendor's BLAS
+        on a device of ``architecture`` in every build (``fp16_gemm_architectures``: CUDA on Volta)."""
+        return architecture in self.fp16_gemm_architectures
 
     def expert_tile(self, architecture: str | None) -> int | None:
         """The expert tile width on a device of ``architecture``."""
@@ -47,7 +55,8 @@ def load_backends() -> tuple[Backend, ...]:
                          runs_on_vendors=tuple(b.get("runs_on_vendors") or ()),
                          expert_tile_tokens=b.get("expert_tile_tokens"),
                          expert_tile_tokens_without_mma=b.get("expert_tile_tokens_without_mma"),
-                         architectures_without_mma=tuple(b.get("architectures_without_mma") or ()))
+                         architectures_without_mma=tuple(b.get("architectures_without_mma") or ()),
+                         fp16_gemm_architectures=tuple(b.get("fp16_gemm_architectures") or ()))
                  for b in data["backends"])
 
 

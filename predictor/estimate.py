@@ -82,12 +82,15 @@ def evaluate(
     kquant_low_weights=0.0,
     cublas_dequant=False,
     expert_tile=None,
+    logits_all=False,
     with_max_context: bool = True,
 ) -> dict[str, np.ndarray]:
     """Evaluate the model over broadcastable arrays; returns arrays keyed by quantity (bytes, s).
 
     ``kind`` is the device kind ("gpu", "unified", "cpu"); ``prompt_depth`` the tokens already in the KV cache when
-    the prompt is processed (prefill only: its attention reads them); ``offload_fraction`` is the share of the
+    the prompt is processed (prefill only: its attention reads them); ``logits_all`` whether the prompt's every token
+    is scored (llama-perplexity: the LM head on every token, and on a discrete GPU their logits copied to the host;
+    prefill only); ``offload_fraction`` is the share of the
     repeating layers kept in host memory (llama.cpp layers; vLLM cpu_offload_gb). ``enforce_eager``
     (vLLM) drops the CUDA-graph pool; there are no CUDA graphs on a CPU device either. ``flashinfer_sampler``
     (vLLM on a GPU): the sampler was FlashInfer's top-k/top-p kernel (the log's "Using FlashInfer for top-p & top-k
@@ -210,6 +213,8 @@ def evaluate(
         coeffs,
         prompt_tokens=prompt_tokens,
         prompt_depth=prompt_depth,
+        logits_all=logits_all,
+        logits_to_host=on_gpu,
         n_ubatch=n_ubatch,
         device_weight_bytes=dev_w,
         host_weight_bytes=np.where(on_gpu, host_w - host_embd, 0.0),
@@ -364,7 +369,8 @@ def predict_scenario(
     require_bits(inputs.quant, inputs.weights_bytes)
 
     # a build of an era whose CUDA prefill dequantized quantized weights for cuBLAS is priced with that copy
-    through_cublas = cublas_dequant(eng, era, dev)
+    # (and a backend that takes that path on the device's architecture in every build: CUDA on Volta)
+    through_cublas = cublas_dequant(eng, era, dev) or bool(inputs.kwargs.get("cublas_dequant"))
 
     def run(offload: float, **extra: Any) -> dict[str, Any]:
         return evaluate(arch, eng, cset, **{**inputs.kwargs, "offload_fraction": offload,

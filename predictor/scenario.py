@@ -67,6 +67,7 @@ class Scenario:
     max_num_seqs: int | None = None  # vLLM: the most sequences a batch holds (None: its default on the device)
     max_num_batched_tokens: int | None = None  # vLLM: tokens one step may take (None: its default on the device)
     server: str | None = None  # the server under load (llama.cpp: "llama-server" or "llama-cpp-python"; None: default)
+    logits_all: bool = False  # every prompt token's logits computed (llama-perplexity), not the last one's
     backend: str | None = None  # llama.cpp's backend (CUDA, ROCm, Vulkan, Metal, SYCL, CPU; None: the device's default)
 
     def replace(self, **changes: Any) -> Scenario:
@@ -233,7 +234,7 @@ def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | No
         "exact_weights_bytes": exact,
         "kv_bytes_per_element": kv.bytes_per_element,
         "context": s.context, "batch": s.batch, "prompt_tokens": s.prompt_tokens, "prompt_depth": s.prompt_depth,
-        "device_count": s.device_count,
+        "logits_all": bool(s.logits_all), "device_count": s.device_count,
         "offload_fraction": s.offload_fraction, "flash_attn": s.flash_attn, "n_ubatch": s.n_ubatch,
         "host_bandwidth_gbs": host_bw,
         "host_memory_gib": s.host_memory_gib or DEFAULT_HOST_MEMORY_GIB,
@@ -242,6 +243,8 @@ def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | No
         "max_batched_tokens": s.max_num_batched_tokens or batch_defaults[0],
         "max_num_seqs": s.max_num_seqs or batch_defaults[1],
         "expert_tile": np.nan if tile is None else float(tile),
+        # a backend whose prompts dequantize quantized weights for an FP16 GEMM on this architecture (CUDA on Volta)
+        "cublas_dequant": bool(backend is not None and backend.quantized_prefill_through_fp16(dev.architecture)),
         **kernel_kwargs(arch, q.id),
     }
     return ScenarioInputs(q, kv, exact, weights_source, kwargs, backend)

@@ -173,17 +173,19 @@ def expert_padding_factor(arch: ModelArch, ubatch_tokens, tile):
     return np.vectorize(one, otypes=[float])(u, t)
 
 
-def prefill_matmul_flops(arch: ModelArch, prompt_tokens, n_ubatch=None, expert_tile=None):
+def prefill_matmul_flops(arch: ModelArch, prompt_tokens, n_ubatch=None, expert_tile=None, logits_all=False):
     """FLOPs of the weight matmuls for a prompt of n tokens.
 
     2 x (active parameters - LM head) x n for the layers, plus 2 x LM head once: engines compute
-    logits for the last prompt token only. The input embedding is a lookup (no FLOPs). A mixture of experts'
+    logits for the last prompt token only; with ``logits_all`` (llama-perplexity, which scores every token) the
+    LM head runs on all n. The input embedding is a lookup (no FLOPs). A mixture of experts'
     routed experts compute the padded columns of :func:`expert_padding_factor` for each ubatch of ``n_ubatch``
     tokens (the last one holding the rest of the prompt) where the backend has an ``expert_tile``.
     """
     head = lm_head_params(arch)
     n = np.asarray(prompt_tokens, float)
-    flops = 2.0 * (arch.params_active - head) * n + 2.0 * head
+    head_tokens = np.where(np.asarray(logits_all, bool), n, 1.0)
+    flops = 2.0 * (arch.params_active - head) * n + 2.0 * head * head_tokens
     if expert_tile is None or n_ubatch is None or not arch.num_experts:
         return flops
     ub = np.maximum(np.asarray(n_ubatch, float), 1.0)
@@ -240,6 +242,8 @@ def prefill_seconds(
     vecdot_weights=0.0,
     prompt_depth=0.0,
     expert_tile=None,
+    logits_all=False,
+    logits_to_host=False,
 ):
     """Time to process a prompt of ``prompt_tokens`` tokens, seconds, after ``prompt_depth`` tokens already in the
     KV cache (0: from an empty cache), which its attention reads.
@@ -264,6 +268,9 @@ def prefill_seconds(
     operations each per token beyond it.
     ``expert_tile``: the token columns of the tiles the backend multiplies a mixture of experts' routed experts in
     (:func:`expert_padding_factor`; None or NaN: no padding).
+    ``logits_all``: the logits of every prompt token are computed (llama-perplexity), not the last one's: the LM
+    head's matmul on all n tokens (:func:`prefill_matmul_flops`), and where ``logits_to_host`` (a discrete GPU)
+    their f32 values, 4 x vocabulary bytes a token, copied to the host at ``pcie_gbs``.
     """
     n = np.maximum(np.asarray(prompt_tokens, float), 1.0)
     ub = np.maximum(np.asarray(n_ubatch, float), 1.0)
@@ -272,7 +279,7 @@ def prefill_seconds(
     peak = np.asarray(tflops, float) * TFLOP * split
     bw = np.asarray(bandwidth_gbs, float) * GB
     t_bw = n_ub * np.asarray(device_weight_bytes, float) / split / (coeffs["decode_bw_efficiency"] * bw)
-    mm_flops = prefill_matmul_flops(arch, n, ub, expert_tile)
+    mm_flops = prefill_matmul_flops(arch, n, ub, expert_tile, logits_all)
     floats = np.asarray(float_share, float)
     t_mm = mm_flops * (1.0 - floats) / (coeffs["prefill_compute_efficiency"] * peak)
     if np.any(floats > 0):
@@ -285,7 +292,9 @@ def prefill_seconds(
     t_attn = np.where(np.asarray(scores_in_memory, bool),
                       scores_bytes / (coeffs["prefill_scores_efficiency"] * bw),
                       attn_flops / (coeffs["prefill_attn_efficiency"] * peak))
-    t_pcie = n_ub * np.asarray(host_weight_bytes, float) / (coeffs["pcie_gbs"] * GB)
+    logits_bytes = np.where(np.asarray(logits_all, bool) & np.asarray(logits_to_host, bool),
+                            n * 4.0 * arch.vocab_size, 0.0)
+    t_pcie = (n_ub * np.asarray(host_weight_bytes, float) + logits_bytes) / (coeffs["pcie_gbs"] * GB)
     dequant = np.asarray(dequant_weights, float)
     t_dq = n_ub * dequant / split * coeffs["prefill_dequant_bytes_per_weight"] / bw if np.any(dequant > 0) else 0.0
     unpack = np.asarray(unpack_weights, float)

@@ -165,3 +165,29 @@ def test_the_moe_prefill_formula_on_captured_llama_bench_rows(tmp_path, file, mo
     empty_cache = meta[meta["prompt_depth"].fillna(0) == 0]
     row = int(empty_cache["prompt_tokens"].idxmin())  # the shortest prompt from an empty cache
     assert low < ratio[row] < high
+
+
+def test_volta_prompts_multiply_quantized_weights_through_an_fp16_copy(monkeypatch):
+    """ggml_cuda_should_use_mmq: no int8 MMA on Volta, so a prompt's quantized weights go to cuBLAS in every build,
+    priced with the copy's traffic (prefill_dequant_bytes_per_weight); F16 weights and Turing-or-later GPUs not."""
+    from predictor.backends import Backend
+    from predictor.devices import resolve_device
+    from predictor.models import resolve_model
+    from predictor.scenario import scenario_inputs
+
+    cuda = find_backend("CUDA")
+    assert cuda.quantized_prefill_through_fp16("volta") and not cuda.quantized_prefill_through_fp16("ampere")
+    arch = resolve_model("llama-3-8b")
+    for device, expected in (("v100-pcie-16gb", True), ("rtx-4090", False)):
+        dev = resolve_device(device)
+        inputs = scenario_inputs(Scenario(model=arch, device=dev, quant="Q4_0"), arch, dev, "llama.cpp")
+        assert inputs.kwargs["cublas_dequant"] is expected
+
+    def prefill(quant: str) -> float:
+        return predict_scenario(Scenario(model="llama-3-8b", device="v100-pcie-16gb", quant=quant, context=4096,
+                                         prompt_tokens=512, engine_build=5000)).values["prefill_s"]
+
+    through_copy = {q: prefill(q) for q in ("Q4_0", "F16")}
+    monkeypatch.setattr(Backend, "quantized_prefill_through_fp16", lambda self, architecture: False)
+    assert through_copy["Q4_0"] > prefill("Q4_0")
+    assert through_copy["F16"] == pytest.approx(prefill("F16"))

@@ -99,3 +99,23 @@ def test_every_shipped_ci_log_imports(tmp_path):
         written, _ = import_llama_log(CI.parent / entry["file"], model=entry["model"], runs_dir=tmp_path,
                                       source_url=entry["url"], exclude=entry.get("exclude_from_fit"))
         assert len(written) == 2, entry["file"]
+
+
+def test_a_perplexity_prefill_is_priced_with_every_tokens_logits(tmp_path):
+    """llama-perplexity scores every token: its prefill runs the LM head on all of them (and copies their logits to
+    the host from a discrete GPU), which a prompt of the same length does not."""
+    from calibration.dataset import load_dataset
+    from calibration.features import quantity_features
+    from predictor.models import resolve_model
+    from predictor.throughput import lm_head_params, prefill_matmul_flops
+
+    arch = resolve_model("pythia-2.8b")
+    last, every = prefill_matmul_flops(arch, 2048), prefill_matmul_flops(arch, 2048, logits_all=True)
+    assert every - last == pytest.approx(2.0 * lm_head_params(arch) * 2047)
+    import_llama_log(B4446 / "q4_0.log", model="pythia-2.8b", runs_dir=tmp_path)
+    prefill = load_dataset([tmp_path]).blocks["prefill"]
+    assert list(prefill.meta["logits_all"]) == [True]
+    as_prompt = quantity_features(prefill.meta.assign(logits_all=False), "prefill")
+    compute = "prefill_compute_efficiency"
+    assert prefill.features.column(compute)[0] / as_prompt.column(compute)[0] == pytest.approx(every / last)
+    assert prefill.features.offset[0] > as_prompt.offset[0]  # the logits over PCIe (pcie_gbs is not fitted)
