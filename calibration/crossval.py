@@ -116,9 +116,9 @@ def leave_one_source_out(dataset: Dataset, prior: Coefficients | None = None) ->
 
 
 def _derive(dataset: Dataset, column: str) -> None:
-    """Add ``backend_resolved`` (:func:`calibration.table.run_backend`; "" for vLLM) or ``arch_class`` (``dense`` /
+    """Add ``backend_resolved`` (:func:`calibration.dataset.run_backend`; "" for vLLM) or ``arch_class`` (``dense`` /
     ``moe`` from the catalogue model; "" for a model it does not know) to every block's ``meta``, once."""
-    from calibration.table import run_backend
+    from calibration.dataset import run_backend
     from predictor.models import resolve_model
 
     classes: dict[str, str] = {}

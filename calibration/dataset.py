@@ -142,16 +142,19 @@ def row_coefficient_sets(meta: pd.DataFrame, table: Coefficients, eras: bool = T
     out: list[CoefficientSet | None] = []
     era_column = meta["era"] if eras and "era" in meta else [None] * len(meta)
     kinds = meta["kind"] if "kind" in meta else [None] * len(meta)
-    for engine, device, family, era, kind in zip(meta["engine"], meta["device_id"], meta["family"], era_column,
-                                                 kinds, strict=True):
+    backends = meta["backend"] if "backend" in meta else [None] * len(meta)
+    for engine, device, family, era, kind, backend in zip(meta["engine"], meta["device_id"], meta["family"],
+                                                          era_column, kinds, backends, strict=True):
         if device is None:
             out.append(None)
             continue
         key = (str(engine), str(device), str(family), era if isinstance(era, str) else None,
                kind if isinstance(kind, str) else None)
-        if key not in cache:
-            cache[key] = table.lookup(*key, _catalogue_device(str(device)) if kind != "cpu" else None)
-        out.append(cache[key])
+        named = backend if isinstance(backend, str) and backend else None  # else the device vendor's default
+        if key + (named,) not in cache:
+            cache[key + (named,)] = table.lookup(*key, _catalogue_device(str(device)) if kind != "cpu" else None,
+                                                 backend=named)
+        out.append(cache[key + (named,)])
     return out
 
 
@@ -224,3 +227,23 @@ def rounded(x: float) -> float:
 def as_predicted(table: dict[str, Any], prior: Coefficients | None) -> Coefficients:
     """A fitted table as ``predict`` will read it: alone, or (a user's fit) its device scopes over the prior."""
     return prior.with_devices_from(Coefficients(table)) if prior is not None else Coefficients(table)
+
+
+def run_backend(row: Any) -> str | None:
+    """The llama.cpp backend of an observation (a row of a block's ``meta``): the one its run names, else its
+    device vendor's default (the host's CPU backend on a CPU); None for vLLM or a device the catalogue does not
+    know."""
+    from predictor.backends import default_backend
+    from predictor.devices import resolve_device
+
+    if row.get("engine") != "llama.cpp":
+        return None
+    if isinstance(row.get("backend"), str) and row["backend"]:
+        return str(row["backend"])
+    if row.get("kind") == "cpu":
+        return "CPU"
+    try:
+        found = default_backend(resolve_device(str(row["device_id"])).vendor)
+    except Exception:  # a device the catalogue does not know: no default to name
+        return None
+    return found.id if found is not None else None

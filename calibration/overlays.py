@@ -8,20 +8,27 @@ from typing import Any
 
 import numpy as np
 
-from calibration.dataset import Block, Dataset, as_predicted, provenance, rounded
+from calibration.dataset import Block, Dataset, as_predicted, provenance, rounded, run_backend
 from calibration.fit import TermRegressor
 from predictor.coefficients import Coefficients
 from predictor.devices import KINDS
+from predictor.engines import traits
 
 MIN_PRIOR_DEVICES = 4  # a regression on device figures from fewer devices than this is not a prior
 
 
-def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
+def fit_physics_prior(eng: dict[str, Any], engine: str,
+                      device_backends: dict[str, set[str | None]] | None = None) -> dict[str, Any]:
     """The physics prior (:mod:`predictor.prior`) per device kind, from the device scopes just fitted: decode's
     bandwidth efficiency limited by the bytes each compute unit keeps in flight (else the median per memory
     class), prefill's matmul efficiency limited by the FLOPs each compute unit issues per cycle (else its
     log-linear fall with the device's FLOPS per byte). Only identified device values count; CPUs (probed, not
-    catalogued) are left out."""
+    catalogued) are left out.
+
+    A prior describes one llama.cpp backend's kernels: with ``device_backends`` (each device's backends in the
+    fit, :func:`calibration.table.evidence_index`), a kind's prior is fitted on the devices measured on the backend
+    most of its devices were measured on (``backend`` in the kind's entry), and a device of another backend takes
+    no prior (:meth:`predictor.coefficients.Coefficients.lookup`)."""
     from predictor.devices import resolve_device
     from predictor.errors import BenchcalError
     from predictor.prior import flops_per_byte, flops_per_unit_cycle, memory_class
@@ -36,6 +43,9 @@ def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
             points.setdefault(device.kind, []).append((device_id, device, entry))
     out: dict[str, Any] = {}
     for kind, rows in sorted(points.items()):
+        backend = _prior_backend([d for d, _, _ in rows], device_backends) if device_backends else None
+        if backend is not None:
+            rows = [(d, dev, e) for d, dev, e in rows if backend in device_backends.get(d, set())]
         bw = [(d, dev, float(e["decode_bw_efficiency"]["value"])) for d, dev, e in rows
               if (e.get("decode_bw_efficiency") or {}).get("identified")]
         ratios = {d: flops_per_byte(dev.matmul_tflops(engine), dev.bandwidth_gbs) for d, dev, _ in rows}
@@ -93,8 +103,21 @@ def fit_physics_prior(eng: dict[str, Any], engine: str) -> dict[str, Any]:
                 "rule": "exp(log_intercept + log_slope * ln(r)), r = matmul TFLOPS / bandwidth GB/s clipped to the "
                         "measured devices' range, least squares in log space (slope at most 0)"})
         if entry:
+            if backend is not None:
+                entry["backend"] = backend
             out.setdefault("kinds", {})[kind] = entry
     return out
+
+
+def _prior_backend(devices: list[str], device_backends: dict[str, set[str | None]]) -> str | None:
+    """The backend most of ``devices`` were measured on (ties: the first by name); None where none names one
+    (vLLM, whose kernels are its own)."""
+    counts: dict[str, int] = {}
+    for device in devices:
+        for backend in device_backends.get(device, set()):
+            if backend:
+                counts[backend] = counts.get(backend, 0) + 1
+    return min(counts, key=lambda b: (-counts[b], b)) if counts else None
 
 
 def _fp16_gemm_device(device: Any, engine: str) -> bool:
@@ -102,7 +125,7 @@ def _fp16_gemm_device(device: Any, engine: str) -> bool:
     copy and the BLAS library in every build (:meth:`predictor.backends.Backend.quantized_prefill_through_fp16`)."""
     from predictor.backends import default_backend
 
-    backend = default_backend(device.vendor) if engine == "llama.cpp" else None
+    backend = default_backend(device.vendor) if traits(engine).gguf else None  # ggml's backends: a GGUF engine
     return bool(backend is not None and backend.quantized_prefill_through_fp16(device.architecture))
 
 
@@ -167,6 +190,11 @@ def fit_era_overlays(dataset: Dataset, table: dict[str, Any], engine: str,
                     & (masks[quantity] if masks else True))
             if skipped and kind == "gpu":
                 mask &= np.array([era_device(str(d)) for d in meta["device_id"].to_numpy()], dtype=bool)
+            if kind == "gpu" and traits(engine).gguf:
+                # the discrete GPUs' eras are CUDA's (MMQ, CUDA graphs: the eras file's marked_by): other
+                # backends' runs (ROCm) stay out of their fits
+                mask &= np.array([run_backend(row) == "CUDA" if m else False
+                                  for m, (_, row) in zip(mask, meta.iterrows(), strict=True)], dtype=bool)
             rows_of[quantity] = mask
         present = {e for q in rows_of for e in dataset.blocks[q].meta["era"].to_numpy()[rows_of[q]] if e}
         if len(present) < 2:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from calibration.dataset import QUANTITIES, Block, Dataset, provenance, rounded
+from calibration.dataset import QUANTITIES, Block, Dataset, provenance, rounded, run_backend
 from calibration.fit import TermRegressor, acts_on
 from calibration.overlays import fit_era_overlays, fit_physics_prior
 from predictor.coefficients import ENGINE_DEFAULTS, Coefficients
@@ -253,7 +253,8 @@ def fit_table(dataset: Dataset, masks: dict[str, np.ndarray] | None = None, *, n
             _fit_scope(dataset, table, eng, engine, scope, prior, n_boot, rng, masks)
             if scope.scope == "engine":
                 fixed = _graph_fixed_times(dataset, table, eng, engine, scope, prior)
-        physics = fit_physics_prior(eng, engine)
+        index = evidence_index(dataset, engine, masks)
+        physics = fit_physics_prior(eng, engine, {d: {b for b, _ in pairs} for d, pairs in index["devices"].items()})
         if fixed:
             physics.setdefault("kinds", {}).setdefault("gpu", {})["fixed_times"] = fixed
         if physics:
@@ -269,33 +270,13 @@ def fit_table(dataset: Dataset, masks: dict[str, np.ndarray] | None = None, *, n
                     _fit_scope(dataset, table, eng, engine, scope, prior, n_boot, rng, masks, era_values=era)
         if checks:
             eng["era_checks"] = checks
-        eng["evidence"] = evidence_index(dataset, engine, masks)
+        eng["evidence"] = index
     return table
-
-
-def run_backend(row: Any) -> str | None:
-    """The llama.cpp backend of an observation (a row of a block's ``meta``): the one its run names, else its
-    device vendor's default (the host's CPU backend on a CPU); None for vLLM or a device the catalogue does not
-    know."""
-    from predictor.backends import default_backend
-    from predictor.devices import resolve_device
-
-    if row.get("engine") != "llama.cpp":
-        return None
-    if isinstance(row.get("backend"), str) and row["backend"]:
-        return str(row["backend"])
-    if row.get("kind") == "cpu":
-        return "CPU"
-    try:
-        found = default_backend(resolve_device(str(row["device_id"])).vendor)
-    except Exception:  # a device the catalogue does not know: no default to name
-        return None
-    return found.id if found is not None else None
 
 
 def evidence_index(dataset: Dataset, engine: str, masks: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     """What :mod:`predictor.evidence` reads: per device, device family and kind, the (backend, format family) pairs
-    of the decode and prefill runs of ``engine`` a fit may use (:func:`run_backend`)."""
+    of the decode and prefill runs of ``engine`` a fit may use (:func:`calibration.dataset.run_backend`)."""
     from predictor.evidence import format_family
 
     pairs: dict[str, dict[str, set[tuple[str | None, str]]]] = {"devices": {}, "families": {}, "kinds": {}}
@@ -316,7 +297,7 @@ def _graph_fixed_times(dataset: Dataset, table: dict[str, Any], eng: dict[str, A
     """The physics prior's decode fixed times for a discrete GPU nobody measured: the engine scope's era terms
     refitted on the discrete GPUs that run the eras' kernels (llama.cpp's CUDA graphs), every other term at the
     engine scope's value. A Volta or Turing GPU (``no_era_architectures``) launches every kernel by itself in every
-    build: its runs weigh on the engine scope (which unified-memory chips also fall back to) but not on what an
+    build, and a GPU on another backend than CUDA runs other kernels: their runs weigh on the engine scope (which unified-memory chips also fall back to) but not on what an
     unmeasured current GPU gets. Empty where no such run was left out or nothing was identified."""
     from predictor.devices import resolve_device
     from predictor.eras import era_applies, era_terms, no_era_architectures
@@ -333,7 +314,10 @@ def _graph_fixed_times(dataset: Dataset, table: dict[str, Any], eng: dict[str, A
             return True
 
     gpu = scope.masks["decode"] & (block.meta["kind"].to_numpy() == "gpu")
-    keep = np.array([graphs(str(d)) for d in block.meta["device_id"].to_numpy()], dtype=bool)
+    # CUDA's graphs: a GPU of another backend (ROCm) is no more one that runs them than a Volta is
+    keep = np.array([graphs(str(d)) and run_backend(row) in ("CUDA", None)
+                     for d, (_, row) in zip(block.meta["device_id"].to_numpy(), block.meta.iterrows(), strict=True)],
+                    dtype=bool)
     if not (gpu & block.fittable & ~keep).any():
         return {}
     parent = _parent_values(table, engine, "engine", None, prior)

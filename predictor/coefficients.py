@@ -111,7 +111,7 @@ class Coefficients:
         return str(self.table.get("source") or self.path or "coefficients file")
 
     def lookup(self, engine: str, device_id: str, family: str, era: str | None = None,
-               kind: str | None = None, device: Any = None) -> CoefficientSet:
+               kind: str | None = None, device: Any = None, backend: str | None = None) -> CoefficientSet:
         """Coefficients for ``engine`` on a device: device -> family -> engine scope -> defaults.
 
         With ``era`` (an engine build era, :mod:`predictor.eras`) and the device's ``kind``, the table's overlay
@@ -121,7 +121,9 @@ class Coefficients:
 
         With the catalogue ``device`` (its memory type, bandwidth and matmul rate), a device that has neither a
         device nor a family scope takes the table's physics prior for its kind (:mod:`predictor.prior`) for
-        the coefficients the prior describes, instead of the engine scope's average."""
+        the coefficients the prior describes, instead of the engine scope's average; a prior fitted on one llama.cpp
+        backend's devices (its ``backend``) describes only a device predicted on that backend (``backend``; None:
+        the device vendor's default)."""
         if engine not in ENGINE_DEFAULTS:
             raise BenchcalError(f"unknown engine '{engine}' (choose from: {', '.join(ENGINES)})")
         values = _default_values(engine)
@@ -151,6 +153,8 @@ class Coefficients:
         entries = dict(scopes)
         source = str((entries.get(used[-1][0]) or {}).get("source") or self.source)
         physics = (eng.get("physics") or {}).get("kinds", {}).get(kind or "") if device is not None else None
+        if physics and physics.get("backend") and _backend_of(engine, device, backend) != physics["backend"]:
+            physics = None  # the prior describes another backend's kernels
         band_source = next((str(e.get("error_band_source")) for _, e in reversed(scopes)
                             if e and e.get("error_band_source")), "")
         scope_name = used[-1][0]
@@ -247,6 +251,17 @@ class Coefficients:
             table.setdefault("serving", {}).setdefault(engine, {}).update(fits)
         merged_from = [p for p in (self.path, other.path) if p]
         return Coefficients(table, " + ".join(merged_from) or None)
+
+
+def _backend_of(engine: str, device: Any, backend: str | None) -> str | None:
+    """The llama.cpp backend a lookup describes: ``backend`` (a name), else the device vendor's default."""
+    from predictor.backends import default_backend, find_backend
+    from predictor.engines import traits
+
+    if not traits(engine).gguf:  # ggml's backends are a GGUF engine's
+        return None
+    found = find_backend(backend) if backend else default_backend(getattr(device, "vendor", ""))
+    return found.id if found is not None else None
 
 
 def load_coefficients(path: str | Path | None) -> Coefficients:

@@ -364,8 +364,9 @@ def predict_scenario(
     else:
         table = load_coefficients(coefficients)
     era = era_for_build(eng, s.engine_build).id if s.engine_build is not None else table.newest_era(eng, dev.kind)
-    cset = table.lookup(eng, dev.id, dev.family, era, dev.kind, dev)
     inputs = scenario_inputs(s, arch, dev, eng)
+    cset = table.lookup(eng, dev.id, dev.family, era, dev.kind, dev,
+                        backend=inputs.backend.id if inputs.backend is not None else None)
     require_bits(inputs.quant, inputs.weights_bytes)
 
     # a build of an era whose CUDA prefill dequantized quantized weights for cuBLAS is priced with that copy

@@ -13,6 +13,9 @@ level says what stands behind them for *this* prediction:
 - ``extrapolated``: nothing fitted that describes it: the engine's average over other devices, the uncalibrated
   defaults, runs of the device (or the prior's devices of its kind) on another backend only.
 
+A device whose runs are too few to identify any coefficient of its scope (two runs of one configuration) is
+``prior`` where the physics prior supplies its values, else ``extrapolated``.
+
 The band is the cross-validated error at that level: the device scope's own (leave-one-model-out) for ``measured``
 and for the device in another format family (nothing cross-validates a format alone), leave-one-device-out over the
 device's kind for a family scope (its own where wider), the prior's for ``prior``, and for ``extrapolated`` the
@@ -61,6 +64,11 @@ def evidence_level(cset: CoefficientSet, table: Coefficients, engine: str, devic
     backends = {b for b, _ in pairs}
     if cset.status == "default":
         level, basis = "extrapolated", f"uncalibrated {engine} defaults: no {engine} run in the table describes it"
+    elif cset.scope.startswith("device:") and not _identifies(table, engine, device_id):
+        prior = any(str(o).startswith("prior:") for o in cset.origin.values())
+        level, basis = ("prior" if prior else "extrapolated"), (
+            f"{engine} runs of this device, too few to identify any of its coefficients: "
+            + ("the physics prior's values" if prior else "its family's or the engine scope's values"))
     elif cset.scope.startswith("device:") and backend is not None and backends and backend not in backends:
         level, basis = "extrapolated", (f"{engine} runs of this device on {', '.join(sorted(map(str, backends)))}, "
                                         f"none on {backend}")
@@ -74,13 +82,17 @@ def evidence_level(cset: CoefficientSet, table: Coefficients, engine: str, devic
         level, basis = "family", f"{engine} runs of the {cset.scope[7:]} family{_on(backend)}, not of this device"
     elif cset.scope.startswith("family:"):
         level, basis = "extrapolated", f"{engine} runs of the {cset.scope[7:]} family, none{_on(backend)}"
-    elif cset.scope.startswith("prior:") and (backend is None or backend in {
-            b for b, _ in table.evidence(engine, kind, "kinds")}):
+    elif cset.scope.startswith("prior:") and (backend is None or backend == _prior_backend(table, engine, kind) or (
+            _prior_backend(table, engine, kind) is None and backend in {b for b, _ in table.evidence(engine, kind, "kinds")})):
         level, basis = "prior", ("the physics prior (memory type, FLOPS/bandwidth ratio) fitted on the measured "
                                  f"{kind} devices: no run of this device or its family")
     elif cset.scope.startswith("prior:"):
         level, basis = "extrapolated", (f"the physics prior, fitted on {kind} devices of other backends: no {kind} "
                                         f"device measured on {backend}")
+    elif backend is not None and _prior_backend(table, engine, kind) not in (None, backend):
+        level, basis = "extrapolated", (f"the {engine} average over the measured devices: the physics prior of {kind} "
+                                        f"devices describes {_prior_backend(table, engine, kind)}'s kernels, not "
+                                        f"{backend}'s")
     else:
         level, basis = "extrapolated", f"the {engine} average over the measured devices: none of this device's kind"
     if level == "family" and cset.scope.startswith("device:"):  # the device measured, in other formats
@@ -89,6 +101,19 @@ def evidence_level(cset: CoefficientSet, table: Coefficients, engine: str, devic
     else:
         band, source = _band(level, cset, table, kind)
     return {"level": level, "basis": basis, "band": band, "band_source": source}
+
+
+def _identifies(table: Coefficients, engine: str, device_id: str) -> bool:
+    """Whether the device's scope identified at least one of its coefficients (two runs of one configuration hold
+    every term at the parent's value)."""
+    entry = (((table.table.get("engines") or {}).get(engine) or {}).get("devices") or {}).get(device_id) or {}
+    return any(isinstance(item, dict) and item.get("identified") for item in entry.values())
+
+
+def _prior_backend(table: Coefficients, engine: str, kind: str) -> str | None:
+    """The backend the table's physics prior for ``kind`` was fitted on (None: a table that does not say)."""
+    physics = (((table.table.get("engines") or {}).get(engine) or {}).get("physics") or {}).get("kinds") or {}
+    return (physics.get(kind) or {}).get("backend")
 
 
 def _on(backend: str | None) -> str:
@@ -123,7 +148,8 @@ def device_evidence(table: Coefficients, engine: str, device: Any, quant: str | 
     from predictor.backends import scenario_backend
 
     found = scenario_backend(backend, device.vendor, device.name, engine)
-    cset = table.lookup(engine, device.id, device.family, table.newest_era(engine, device.kind), device.kind, device)
+    cset = table.lookup(engine, device.id, device.family, table.newest_era(engine, device.kind), device.kind, device,
+                        backend=found.id if found else None)
     return evidence_level(cset, table, engine, device.id, device.kind, found.id if found else None, quant)
 
 

@@ -49,9 +49,15 @@ def test_a_family_or_another_format_family_of_the_device_is_family_with_the_devi
 def test_a_device_nobody_measured_takes_the_prior_on_a_measured_backend_else_is_extrapolated():
     level, _basis, band, scope = _evidence("llama-3-8b", "h200-sxm", "Q4_K_M")
     assert (level, scope) == ("prior", "prior:physics/gpu")
-    # the MI300X's prior is fitted on GPUs of other backends than ROCm: extrapolated, with the defaults' wide band
-    level, basis, wide, _scope = _evidence("llama-3-8b", "mi300x", "Q4_K_M")
-    assert level == "extrapolated" and "ROCm" in basis
+    # the discrete GPUs' prior is fitted on CUDA's devices: an MI325X (ROCm) takes none and is extrapolated, with the
+    # defaults' wide band
+    level, basis, wide, scope = _evidence("llama-3-8b", "mi325x", "Q4_K_M")
+    assert (level, scope) == ("extrapolated", "engine") and "CUDA's kernels, not ROCm's" in basis
+    # a device whose two runs identify nothing: the prior's values where it takes them, else extrapolated
+    level, basis, _band, scope = _evidence("llama-2-7b", "gh200", "Q4_K_M", 4096)
+    assert (level, scope) == ("prior", "device:gh200") and "too few to identify" in basis
+    level, basis, _band, scope = _evidence("llama-2-7b", "mi300x", "Q4_0", 4096)
+    assert (level, scope) == ("extrapolated", "device:mi300x") and "too few to identify" in basis
     defaults = TABLE.table["default_error_band"]["gpu"]
     assert wide["decode"] >= defaults["decode"] > 2 * band["decode"]
     # a measured device on a backend none of its runs used, and vLLM on a GPU (no vLLM GPU run in the table)
@@ -107,3 +113,16 @@ def test_the_predict_report_names_its_evidence(fmt):
                            "--format", fmt], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "Evidence" in done.stdout and "extrapolated" in done.stdout
+
+
+def test_the_discrete_gpus_prior_is_fitted_on_one_backends_devices():
+    """A prior describes one backend's kernels: the discrete GPUs' is CUDA's, fitted on NVIDIA devices only, though
+    AMD GPUs (an R9700, an MI300X on ROCm) have device scopes of their own."""
+    from predictor.devices import resolve_device
+
+    eng = TABLE.table["engines"]["llama.cpp"]
+    gpu = eng["physics"]["kinds"]["gpu"]
+    assert gpu["backend"] == "CUDA"
+    fitted = set(gpu["decode_bw_efficiency"]["all"]["devices"]) | set(gpu["prefill_compute_efficiency"]["devices"])
+    assert fitted and {resolve_device(d).vendor for d in fitted} == {"nvidia"}
+    assert {"radeon-ai-pro-r9700", "mi300x"} <= set(eng["devices"])
