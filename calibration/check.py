@@ -7,8 +7,9 @@ fails when its peak-memory error exceeds max(``memory_rel`` x measured, ``memory
 logged on GPUs (imported logs, :func:`calibration.kvpool.gpu_kv_pool_checks`) fail when their median absolute error
 exceeds ``gpu_kv_pool_median`` or one exceeds ``gpu_kv_pool_max``. With ``held_out`` (``benchcal check --held-out``),
 the public results are also predicted with each source held out as a whole (the table refitted without it, as
-``benchcal calibrate``'s leave-one-source-out) and fail when their decode or prefill MAPE exceeds
-``held_out_decode_mape`` / ``held_out_prefill_mape``: accuracy where nobody measured, not only in-sample.
+``benchcal calibrate``'s leave-one-source-out) and fail when llama.cpp's decode or prefill MAPE exceeds
+``held_out_decode_mape`` / ``held_out_prefill_mape``, or vLLM's batch-1 decode (its public results are GPUs')
+``held_out_vllm_decode_mape``: accuracy where nobody measured, not only in-sample.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ else:  # pragma: no cover
 
 DEFAULT_THRESHOLDS = {"decode_mape": 0.10, "decode_p90": 0.20, "prefill_mape": 0.15, "ttft_mape": 0.15,
                       "memory_rel": 0.03, "memory_abs_mib": 256.0, "gpu_kv_pool_median": 0.10,
-                      "gpu_kv_pool_max": 0.40, "held_out_decode_mape": 0.10, "held_out_prefill_mape": 0.15}
+                      "gpu_kv_pool_max": 0.40, "held_out_decode_mape": 0.10, "held_out_prefill_mape": 0.15,
+                      "held_out_vllm_decode_mape": 0.15}
 DEFAULT_TOLERANCE = {"mape_increase": 0.02}
 MIB = float(2**20)
 QUANTITIES = ("decode", "prefill", "ttft")
@@ -187,10 +189,12 @@ def run_check(dataset: Dataset, table: Coefficients, thresholds: Thresholds,
 
 def held_out_gate(dataset: Dataset, thresholds: Thresholds, failures: list[str]) -> dict[str, Any]:
     """The imported public results predicted with each source held out (:func:`calibration.crossval.
-    leave_one_source_out`): ``{quantity: {mape, p90, n, limit, folds, worst_ratio, beyond_2x, left_out}}`` for decode
-    and prefill (:func:`calibration.crossval.held_out_folds`: each source's fold, the worst row, the rows the score
-    leaves out and why), a failure appended where the pooled MAPE exceeds ``held_out_<quantity>_mape`` (the folds
-    are printed, not gated)."""
+    leave_one_source_out`), pooled per engine: ``{key: {engine, quantity, mape, p90, n, limit, folds, worst_ratio,
+    beyond_2x, left_out}}`` (:func:`calibration.crossval.held_out_folds`: each source's fold, the worst row, the rows
+    the score leaves out and why; beside them the folds by backend and by architecture class). An engine's limit is
+    ``held_out_<engine>_<quantity>_mape`` where the thresholds name one (vLLM's decode, all of it on GPUs), else
+    ``held_out_<quantity>_mape`` (llama.cpp's); its key is the quantity for the latter and ``<engine> <quantity>``
+    for the former. A failure is appended where a pooled MAPE exceeds its limit (the folds are printed, not gated)."""
     from calibration.crossval import (
         error_metrics,
         held_out_folds,
@@ -200,24 +204,38 @@ def held_out_gate(dataset: Dataset, thresholds: Thresholds, failures: list[str])
     )
 
     predictions = leave_one_source_out(dataset)
-    imported = (error_metrics(dataset, predictions).get("origins") or {}).get("imported") or {}
-    folds = held_out_folds(dataset, predictions)
-    # beside: each backend, and dense / MoE, held out as a whole (printed, not gated)
-    others = {name: held_out_folds(dataset, how(dataset), column=column) for name, how, column in (
-        ("backend", leave_one_backend_out, "backend_resolved"), ("class", leave_one_class_out, "arch_class"))}
+    by_column = {column: how(dataset) for how, column in ((leave_one_backend_out, "backend_resolved"),
+                                                          (leave_one_class_out, "arch_class"))}
     out: dict[str, Any] = {}
-    for q in ("decode", "prefill"):
-        stats = imported.get(q) or {}
-        if not stats.get("n"):
-            continue
-        limit = thresholds.limits[f"held_out_{q}_mape"]
-        out[q] = {"mape": stats["mape"], "p90": stats["p90"], "n": stats["n"], "limit": limit, **folds[q],
-                  "by": {name: {"folds": found[q]["folds"], "worst_ratio": found[q]["worst_ratio"],
-                                "beyond_2x": found[q]["beyond_2x"]} for name, found in others.items()}}
-        if stats["mape"] > limit:
-            failures.append(f"public results held out by source, {q}: MAPE {100 * stats['mape']:.1f}% > "
-                            f"{100 * limit:.1f}% (n={stats['n']})")
+    for engine in dataset.engines():
+        mine = _only(dataset, predictions, engine)
+        imported = (error_metrics(dataset, mine).get("origins") or {}).get("imported") or {}
+        folds = held_out_folds(dataset, mine)
+        # beside: each backend, and dense / MoE, held out as a whole (printed, not gated)
+        others = {name: held_out_folds(dataset, _only(dataset, by_column[column], engine), column=column)
+                  for name, column in (("backend", "backend_resolved"), ("class", "arch_class"))}
+        for q in ("decode", "prefill"):
+            stats = imported.get(q) or {}
+            if not stats.get("n"):
+                continue
+            own = f"held_out_{engine.replace('.', '')}_{q}_mape"
+            limit = thresholds.limits.get(own, thresholds.limits[f"held_out_{q}_mape"])
+            key = f"{engine} {q}" if own in thresholds.limits else q
+            by = {name: {"folds": found[q]["folds"], "worst_ratio": found[q]["worst_ratio"],
+                         "beyond_2x": found[q]["beyond_2x"]} for name, found in others.items()
+                  if any(f["n"] for f in found[q]["folds"].values())}
+            out[key] = {"engine": engine, "quantity": q, "mape": stats["mape"], "p90": stats["p90"], "n": stats["n"],
+                        "limit": limit, **folds[q], "by": by}
+            if stats["mape"] > limit:
+                failures.append(f"{engine} public results held out by source, {q}: MAPE {100 * stats['mape']:.1f}% > "
+                                f"{100 * limit:.1f}% (n={stats['n']})")
     return out
+
+
+def _only(dataset: Dataset, predictions: dict[str, np.ndarray], engine: str) -> dict[str, np.ndarray]:
+    """``predictions`` with every row of another engine NaN."""
+    return {q: np.where(dataset.blocks["prefill" if q == "ttft" else q].meta["engine"].to_numpy() == engine,
+                        values, np.nan) for q, values in predictions.items()}
 
 
 def _gpu_pool_gate(checks: list[dict[str, Any]], thresholds: Thresholds, failures: list[str]) -> dict[str, Any] | None:
@@ -287,9 +305,10 @@ def summary_lines(result: CheckResult) -> list[str]:
             if stats:
                 parts.append(f"{q} {100 * stats['mape']:.1f}% (p90 {100 * stats['p90']:.1f}%, n={stats['n']})")
         lines.append(f"  {group}: " + "; ".join(parts))
-    for q, stats in (result.held_out or {}).items():
-        lines.append(f"  public results held out by source: {q} {100 * stats['mape']:.1f}% (p90 {100 * stats['p90']:.1f}%, "
-                     f"n={stats['n']}; limit {100 * stats['limit']:.0f}%)")
+    for stats in (result.held_out or {}).values():
+        q = stats["quantity"]
+        lines.append(f"  {stats['engine']} public results held out by source: {q} {100 * stats['mape']:.1f}% (p90 "
+                     f"{100 * stats['p90']:.1f}%, n={stats['n']}; limit {100 * stats['limit']:.0f}%)")
         lines += _fold_lines(q, stats)
     pools = result.gpu_kv_pool
     if pools:

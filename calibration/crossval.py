@@ -214,7 +214,8 @@ def held_out_folds(dataset: Dataset, predictions: dict[str, np.ndarray],
             ratio = np.asarray(predictions[q], float) / np.asarray(actual[q], float)
         factor = np.where(scored & np.isfinite(ratio) & (ratio > 0), np.maximum(ratio, 1.0 / ratio), np.nan)
         left: dict[str, int] = {}
-        candidates = imported & block.features.valid & ~scored & (block.meta["batch"].to_numpy() == 1)
+        candidates = (imported & block.features.valid & ~scored & (block.meta["batch"].to_numpy() == 1)
+                      & np.isfinite(np.asarray(predictions[q], float)))
         reasons = block.meta["exclude_reason"].to_numpy() if "exclude_reason" in block.meta else [None] * len(block)
         for i in np.flatnonzero(candidates):
             reason = reasons[i]

@@ -131,6 +131,7 @@ def row_inputs(row: Mapping[str, Any]) -> dict[str, Any]:
         weights_bytes=float(weights) if _finite(weights) and float(weights) > 0 else None,
         backend=str(row["backend"]) if isinstance(row.get("backend"), str) and row.get("backend") else None,
         logits_all=row.get("logits_all") is True,
+        engine_build=str(row["engine_version"]) if isinstance(row.get("engine_version"), str) else None,
     )
     inputs = scenario_inputs(scenario, arch, device, engine)
     kwargs = dict(inputs.kwargs)

@@ -1,6 +1,7 @@
 """Import the public benchmark results kept under ``tests/data/imported`` into run records.
 
-``tests/data/imported/sources.json`` lists every file with its kind (llama-bench, llama-log, vllm-bench or vllm-log),
+``tests/data/imported/sources.json`` lists every file with its kind (llama-bench, llama-log, vllm-bench, vllm-log or
+vllm-speed-table, whose entry maps the table's model names to catalogue models),
 the catalogue model and GPU it was measured with, and the URL it was copied from (a vllm-log entry also its weight
 format and the settings the excerpt does not print). This module replays
 ``benchcal import`` over that list, so ``runs/imported`` can be rebuilt from the files at any time::
@@ -17,6 +18,7 @@ from typing import Any
 
 from calibration.importers import import_llama_bench
 from calibration.importers_llama_log import import_llama_log
+from calibration.importers_speed_table import import_speed_table
 from calibration.importers_vllm import import_vllm_bench
 from calibration.importers_vllm_log import import_vllm_log
 from predictor.errors import BenchcalError
@@ -50,6 +52,9 @@ def import_public(runs_dir: str | Path, data_dir: str | Path = DATA_DIR) -> tupl
             written, notes = import_vllm_log(file, model=entry["model"], runs_dir=runs_dir, gpu=entry["gpu"],
                                              quant=entry.get("quant", "BF16"), source_url=entry["url"],
                                              **entry.get("settings", {}))
+        elif entry["kind"] == "vllm-speed-table":
+            written, notes = import_speed_table(file, models=entry["models"], runs_dir=runs_dir, gpu=entry["gpu"],
+                                                source_url=entry["url"])
         else:
             raise BenchcalError(f"{entry['file']}: unknown kind {entry['kind']!r}")
         total += len(written)

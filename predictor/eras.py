@@ -161,6 +161,17 @@ def kv_pool_counts_cuda_graphs(engine: str, build: str | int | None) -> bool:
     return version is None or version >= _version_key(entry["from_version"])
 
 
+def unpacking_kernel(engine: str, build: str | int | None, quant: str) -> bool:
+    """Whether ``engine`` at ``build`` (a version; None: the newest) decodes ``quant`` weights with a kernel that
+    unpacks them on the GPU's ALUs (the eras file's ``unpacking_kernels``: vLLM's AWQ GEMM kernel before 0.5.3);
+    False for a version it cannot read."""
+    entry = _engine_entry(engine).get("unpacking_kernels")
+    if not entry or quant not in entry.get("formats", ()) or build is None:
+        return False
+    found = re.search(r"(\d+(?:\.\d+)+)", str(build))
+    return found is not None and _version_key(found.group(1)) < _version_key(entry["until_version"])
+
+
 def era_by_id(engine: str, era_id: str) -> Era | None:
     return next((era for era in eras(engine) if era.id == era_id), None)
 

@@ -13,8 +13,10 @@ level says what stands behind them for *this* prediction:
 - ``extrapolated``: nothing fitted that describes it: the engine's average over other devices, the uncalibrated
   defaults, runs of the device (or the prior's devices of its kind) on another backend only.
 
-A device whose runs are too few to identify any coefficient of its scope (two runs of one configuration) is
-``prior`` where the physics prior supplies its values, else ``extrapolated``.
+A device whose runs are too few to identify any coefficient of its scope (two runs of one configuration) takes the
+level of where its values come from: ``family``, ``prior`` (the physics prior) or ``extrapolated`` (the engine scope);
+a measured device whose runs fitted decode but not prefill (or the reverse) keeps its level, and the quantity it did
+not fit says so and takes the extrapolated band.
 
 The band is the cross-validated error at that level: the device scope's own (leave-one-model-out) for ``measured``
 and for the device in another format family (nothing cross-validates a format alone), leave-one-device-out over the
@@ -65,10 +67,11 @@ def evidence_level(cset: CoefficientSet, table: Coefficients, engine: str, devic
     if cset.status == "default":
         level, basis = "extrapolated", f"uncalibrated {engine} defaults: no {engine} run in the table describes it"
     elif cset.scope.startswith("device:") and not _identifies(table, engine, device_id):
-        prior = any(str(o).startswith("prior:") for o in cset.origin.values())
-        level, basis = ("prior" if prior else "extrapolated"), (
-            f"{engine} runs of this device, too few to identify any of its coefficients: "
-            + ("the physics prior's values" if prior else "its family's or the engine scope's values"))
+        origins = {str(o).split(":", 1)[0] for o in cset.origin.values()}
+        level, values = (("family", "its family's values") if "family" in origins
+                         else ("prior", "the physics prior's values") if "prior" in origins
+                         else ("extrapolated", "the engine scope's values"))
+        basis = f"{engine} runs of this device, too few to identify any of its coefficients: {values}"
     elif cset.scope.startswith("device:") and backend is not None and backends and backend not in backends:
         level, basis = "extrapolated", (f"{engine} runs of this device on {', '.join(sorted(map(str, backends)))}, "
                                         f"none on {backend}")
@@ -93,6 +96,9 @@ def evidence_level(cset: CoefficientSet, table: Coefficients, engine: str, devic
         level, basis = "extrapolated", (f"the {engine} average over the measured devices: the physics prior of {kind} "
                                         f"devices describes {_prior_backend(table, engine, kind)}'s kernels, not "
                                         f"{backend}'s")
+    elif table.evidence(engine, kind, "kinds"):
+        level, basis = "extrapolated", (f"the {engine} average over the measured devices: {kind} devices were "
+                                        "measured, but no run of this device or its family, and no physics prior")
     else:
         level, basis = "extrapolated", f"the {engine} average over the measured devices: none of this device's kind"
     if level == "family" and cset.scope.startswith("device:"):  # the device measured, in other formats
@@ -100,14 +106,26 @@ def evidence_level(cset: CoefficientSet, table: Coefficients, engine: str, devic
             f"{cset.band_source} on this device (no {fam} run of it: no cross-validation of the format alone)")
     else:
         band, source = _band(level, cset, table, kind)
+    if level in ("measured", "family") and cset.scope.startswith("device:") and _identifies(table, engine, device_id):
+        # a quantity the device's runs did not fit (an R9700's prefill, kept out) is the fallback's, with its band
+        missing = [q for q in ("decode", "prefill") if not _identifies(table, engine, device_id, q)]
+        if missing:
+            wide, _source = _band("extrapolated", cset, table, kind)
+            for q in missing:
+                for name in (q, "ttft") if q == "prefill" else (q,):
+                    if name in wide:
+                        band[name] = max(band.get(name, 0.0), wide[name])
+            basis += (f"; {' and '.join(missing)}: no run of this device fitted it (its family's or the engine "
+                      "scope's values, with their wider band)")
     return {"level": level, "basis": basis, "band": band, "band_source": source}
 
 
-def _identifies(table: Coefficients, engine: str, device_id: str) -> bool:
-    """Whether the device's scope identified at least one of its coefficients (two runs of one configuration hold
-    every term at the parent's value)."""
+def _identifies(table: Coefficients, engine: str, device_id: str, quantity: str | None = None) -> bool:
+    """Whether the device's scope identified at least one of its coefficients (of ``quantity``'s fit, where given):
+    two runs of one configuration hold every term at the parent's value."""
     entry = (((table.table.get("engines") or {}).get(engine) or {}).get("devices") or {}).get(device_id) or {}
-    return any(isinstance(item, dict) and item.get("identified") for item in entry.values())
+    return any(isinstance(item, dict) and item.get("identified") and quantity in (None, item.get("quantity"))
+               for item in entry.values())
 
 
 def _prior_backend(table: Coefficients, engine: str, kind: str) -> str | None:

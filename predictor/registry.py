@@ -138,14 +138,14 @@ _COEFFICIENTS: tuple[Coefficient, ...] = (
     Coefficient(
         name="decode_kquant_flops_per_weight",
         unit="ops per weight",
-        meaning="llama.cpp on a discrete GPU: operations per weight its matrix-vector kernels spend unpacking the low-bit K-quants (Q2_K, Q3_K tensors: 2-3 bit values, sub-block scales) in a decode step, at the device's peak FLOPS",
+        meaning="a discrete GPU's decode kernels that unpack weights on its ALUs: operations per weight in a decode step, at the device's peak FLOPS (llama.cpp: its matrix-vector kernels on the low-bit K-quants, Q2_K and Q3_K tensors; vLLM: the AWQ GEMM kernel of versions before awq_marlin, 0.5.3, on every layer weight: predictor/data/engine_eras.json unpacking_kernels)",
         defaults={
             "llama.cpp": (0.0, _DEQUANT),
-            "vllm": (0.0, 'not used by vLLM'),
+            "vllm": (0.0, 'uncalibrated: Marlin streams AWQ/GPTQ weights at their bytes; 0 until runs of the AWQ GEMM kernel are fitted'),
         },
         bounds=(0.0, 1000.0),
         kinds=('gpu',),
-        engines=('llama.cpp',),
+        engines=('llama.cpp', 'vllm'),
     ),
     Coefficient(
         name="decode_generic_flops_per_byte",

@@ -22,6 +22,7 @@ from predictor.architecture import ModelArch
 from predictor.backends import Backend, scenario_backend
 from predictor.devices import Device, resolve_device
 from predictor.engines import traits
+from predictor.eras import unpacking_kernel
 from predictor.errors import BenchcalError, non_negative, positive
 from predictor.memory import tensor_parallel_refusal, vllm_batch_defaults
 from predictor.models import resolve_model
@@ -247,4 +248,6 @@ def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | No
         "cublas_dequant": bool(backend is not None and backend.quantized_prefill_through_fp16(dev.architecture)),
         **kernel_kwargs(arch, q.id),
     }
+    if unpacking_kernel(eng, s.engine_build, q.id):  # every layer weight through an unpacking kernel (vLLM's AWQ GEMM)
+        kwargs["kquant_low_weights"] = 1.0
     return ScenarioInputs(q, kv, exact, weights_source, kwargs, backend)

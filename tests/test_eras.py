@@ -146,7 +146,7 @@ def test_era_values_are_kept_only_where_they_bring_the_eras_runs_closer():
         fitted = [v for v in kept.values() if isinstance(v, dict) and v.get("quantity") == check["quantity"]]
         assert bool(fitted) == check["kept"]
     era = dataset.blocks["decode"].meta["era"]
-    assert set(era.dropna()) <= {"2024", "2025", "v1"} and np.mean(era.notna()) > 0.9
+    assert set(era.dropna()) <= {"2024", "2025", "v0", "v1"} and np.mean(era.notna()) > 0.9
 
 
 def test_a_value_held_at_its_parents_is_not_the_eras_own():

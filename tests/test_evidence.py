@@ -66,8 +66,11 @@ def test_a_device_nobody_measured_takes_the_prior_on_a_measured_backend_else_is_
 
     vulkan = predict_scenario(Scenario("llama-3-8b", "rtx-4090", quant="Q4_K_M", backend="Vulkan"), TABLE)
     assert vulkan.to_dict()["calibration"]["evidence"]["level"] == "extrapolated"
-    level, basis, _band, _scope = _evidence("llama-3.1-8b", "h100-sxm", "BF16", engine="vllm")
-    assert level == "extrapolated" and "uncalibrated vllm defaults" in basis
+    # vLLM on a GPU nobody measured (its GPU runs are an A100's): the engine average, no physics prior
+    level, basis, _band, scope = _evidence("llama-3.1-8b", "h100-sxm", "BF16", engine="vllm")
+    assert (level, scope) == ("extrapolated", "engine") and "no run of this device or its family" in basis
+    level, basis, _band, scope = _evidence("qwen2.5-7b", "a100-sxm-80gb", "BF16", engine="vllm")
+    assert (level, scope) == ("measured", "device:a100-sxm-80gb")
 
 
 def test_the_levels_admit_what_is_above_them():
@@ -126,3 +129,15 @@ def test_the_discrete_gpus_prior_is_fitted_on_one_backends_devices():
     fitted = set(gpu["decode_bw_efficiency"]["all"]["devices"]) | set(gpu["prefill_compute_efficiency"]["devices"])
     assert fitted and {resolve_device(d).vendor for d in fitted} == {"nvidia"}
     assert {"radeon-ai-pro-r9700", "mi300x"} <= set(eng["devices"])
+
+
+def test_a_quantity_the_device_runs_did_not_fit_says_so_with_the_wider_band():
+    # the R9700's decode runs are fitted, its ROCm prefill runs kept out: measured, prefill at the extrapolated band
+    level, basis, band, scope = _evidence("llama-2-7b", "radeon-ai-pro-r9700", "Q4_0", 4096)
+    assert (level, scope) == ("measured", "device:radeon-ai-pro-r9700") and "prefill: no run of this device" in basis
+    wide = TABLE.table["default_error_band"]["gpu"]
+    own = TABLE.table["engines"]["llama.cpp"]["devices"]["radeon-ai-pro-r9700"]["error_band"]
+    assert band["decode"] == own["decode"] and band["prefill"] >= wide["prefill"]
+    # two decode runs that identify nothing take their family's values, and its level
+    level, basis, _band, scope = _evidence("llama-3-8b", "rtx-5080", "Q4_K_M", 4096)
+    assert (level, scope) == ("family", "device:rtx-5080") and "its family's values" in basis

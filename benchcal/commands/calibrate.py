@@ -300,7 +300,8 @@ def register(sub) -> None:
     p.add_argument("--include-noisy", action="store_true", help="also score measurements whose repetitions "
                    "spread more than 5%% (left out by default)")
     p.add_argument("--held-out", action="store_true", help="also predict the imported public results with each source "
-                   "held out (a refit per source) and fail above held_out_decode_mape / held_out_prefill_mape; "
+                   "held out (a refit per source), pooled per engine, and fail above held_out_decode_mape / "
+                   "held_out_prefill_mape (vLLM: held_out_vllm_decode_mape); "
                    "prints each source's fold and, not gated, each llama.cpp backend's and each architecture "
                    "class's (dense, MoE) held out in turn (about 30 s on 2 cores)")
     p.set_defaults(func=cmd_check)
