@@ -120,6 +120,7 @@ class ModelArch:
     weights_quant: str | None
     params_extra: int = 0
     expert_format: str | None = None  # the checkpoint's own format of its routed experts ("MXFP4": gpt-oss)
+    release_format: str | None = None  # the format the release ships in, from its quantization_config ("FP8", "MXFP4")
     rope_scaling: RopeScaling | None = None  # the config's, or one its model card documents
     long_context: bool = False  # a documented scaling enabled: ``max_context`` is then the scaled maximum
     config_max_context: int | None = None  # with ``long_context``: the config's own maximum
@@ -449,8 +450,21 @@ def from_hf_config(cfg: dict, *, id: str, name: str | None = None, hf_id: str | 
         published_params_source=published_params_source, weights_bytes_exact=weights_bytes_exact,
         weights_quant=weights_quant, params_extra=params_extra,
         expert_format=_expert_format(cfg) if expert_params else None,
+        release_format=_release_format(cfg),
         rope_scaling=in_config or documented_rope_scaling,
     )
+
+
+# quantization_config.quant_method of a release -> the catalogue format it is (predictor/data/quants.json)
+RELEASE_FORMATS = {"mxfp4": "MXFP4", "fp8": "FP8"}
+
+
+def _release_format(cfg: dict) -> str | None:
+    """The format a release ships its weights in, from its config's ``quantization_config`` (gpt-oss: ``mxfp4``,
+    DeepSeek-V3: ``fp8``); None for a release in its dtype (BF16/F16) or a method the catalogue has no format for."""
+    quant = cfg.get("quantization_config")
+    method = str(quant.get("quant_method", "")).lower() if isinstance(quant, dict) else ""
+    return RELEASE_FORMATS.get(method)
 
 
 def _expert_format(cfg: dict) -> str | None:

@@ -347,8 +347,8 @@ def predict_scenario(
     """Predict memory, fit and throughput for one scenario.
 
     ``scenario.device`` is a catalogue id/name or a :class:`Device` (use ``predictor.devices.cpu_device`` for
-    the host CPU). ``scenario.quant`` defaults to the GGUF's own type or the engine's default format (Q4_K_M for
-    llama.cpp, BF16 for vLLM). ``coefficients``: a path, a loaded table, ``None`` for engine defaults, or
+    the host CPU). ``scenario.quant`` defaults to the GGUF's own type, the format the release ships in (gpt-oss:
+    MXFP4), or the engine's default format (Q4_K_M for llama.cpp, BF16 for vLLM). ``coefficients``: a path, a loaded table, ``None`` for engine defaults, or
     ``"default"`` for the committed calibration table when present. ``scenario.engine_build``: the engine build
     (llama.cpp build number) or version (vLLM) to predict for; its era's fitted values are used (default: the
     newest era with data). ``scenario.gpu_memory_utilization``: vLLM's share of the device its KV pool is sized

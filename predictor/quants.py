@@ -167,6 +167,23 @@ def resolve_quant(name: str, engine: str | None = None) -> QuantFormat:
     return fmt
 
 
+def default_format(arch: Any, engine: str, fallback: str | None = None) -> str:
+    """The weights format a prediction takes when none is asked for: the model's own GGUF file's type, else the format
+    its release ships in where ``engine`` runs it (gpt-oss's MXFP4, DeepSeek-V3's FP8 on vLLM), else ``fallback``
+    (the engine's default format). Every command that picks a format by itself (predict, leaderboard, cost, matrix,
+    recommend) goes through here, so they describe the same file."""
+    from predictor.engines import traits
+
+    engine = normalize_engine(engine)
+    own = getattr(arch, "weights_quant", None)
+    if own:
+        return str(own)
+    release = getattr(arch, "release_format", None)
+    if release and release in quant_ids(engine):
+        return str(release)
+    return fallback or traits(engine).default_quant
+
+
 def kv_dtypes() -> list[KvDtype]:
     """Every KV-cache dtype, in file order."""
     return list(_data()[1])

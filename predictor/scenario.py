@@ -26,7 +26,14 @@ from predictor.eras import unpacking_kernel
 from predictor.errors import BenchcalError, non_negative, positive
 from predictor.memory import tensor_parallel_refusal, vllm_batch_defaults
 from predictor.models import resolve_model
-from predictor.quants import QuantFormat, normalize_engine, quantized_kv, resolve_kv_dtype, resolve_quant
+from predictor.quants import (
+    QuantFormat,
+    default_format,
+    normalize_engine,
+    quantized_kv,
+    resolve_kv_dtype,
+    resolve_quant,
+)
 from predictor.weights import WEIGHTS_FROM_FILE, format_bits, kernel_kwargs, known_weights_bytes
 
 DEFAULT_CONTEXT = 8192
@@ -39,7 +46,8 @@ DEFAULT_HOST_MEMORY_GIB = 64.0
 @dataclass(frozen=True)
 class Scenario:
     """What one prediction describes. ``model`` and ``device`` are catalogue ids (or names) or resolved objects;
-    ``quant`` None is the GGUF's own type or the engine's default format; ``kv_dtype`` None the engine's default;
+    ``quant`` None is :func:`predictor.quants.default_format` (the GGUF's own type, the release's format, the engine's
+    default); ``kv_dtype`` None the engine's default;
     ``engine_build`` None the newest era with data; ``host_*`` None the defaults for the host beside a GPU (a CPU
     device's own figures on a CPU); ``gpu_memory_utilization`` None vLLM's default (0.92); ``weights_bytes`` None
     the weights sized from the model and the format (its GGUF file, llama-quantize's tensor types, else the format's
@@ -214,7 +222,7 @@ def scenario_inputs(s: Scenario, arch: ModelArch | None = None, dev: Device | No
     eng = engine or normalize_engine(s.engine)
     arch = arch or scenario_arch(s)
     dev = dev or scenario_device(s)
-    q = resolve_quant(s.quant or arch.weights_quant or traits(eng).default_quant, eng)
+    q = resolve_quant(s.quant or default_format(arch, eng), eng)
     kv = resolve_kv_dtype(s.kv_dtype or traits(eng).default_kv_dtype, eng)
     if s.weights_bytes is not None:
         exact, weights_source = float(s.weights_bytes), WEIGHTS_FROM_FILE

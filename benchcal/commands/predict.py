@@ -36,7 +36,7 @@ from predictor.errors import BenchcalError, positive
 from predictor.estimate import predict_scenario
 from predictor.load import SERVER_NAMES, check_server, predict_load, predict_rate, serving_key
 from predictor.models import load_catalogue, resolve_model
-from predictor.quants import normalize_engine
+from predictor.quants import default_format, normalize_engine
 from predictor.scenario import DEFAULT_PROMPT_TOKENS, Scenario, require_context
 
 RAW = argparse.RawDescriptionHelpFormatter
@@ -48,7 +48,8 @@ def _add_common(p: argparse.ArgumentParser, *, gpu: bool = True, quant: bool = T
         p.add_argument("--gpu", required=True, help="device id or NVML name (l4, h100-sxm, 'NVIDIA GeForce RTX 4090'), or cpu")
     if quant:
         p.add_argument("--quant", default=None, help="Q4_K_M, Q8_0, F16, BF16, FP8, AWQ, ... (default: the GGUF's "
-                       "own, else Q4_K_M for llama.cpp / BF16 for vLLM)")
+                       "own, else the format the release ships in where the engine runs it (gpt-oss: MXFP4), else "
+                       "Q4_K_M for llama.cpp / BF16 for vLLM; leaderboard, recommend and cost: AWQ for vLLM)")
     if ctx:
         p.add_argument("--ctx", type=positive_int, default=8192, help="context length in tokens (default 8192)")
     p.add_argument("--engine", default="llama.cpp", help="llama.cpp or vllm (default llama.cpp)")
@@ -158,7 +159,7 @@ def cmd_predict(args) -> int:
 def cmd_leaderboard(args) -> int:
     engine = normalize_engine(args.engine)
     arch = require_context(resolve_model(args.model), args.ctx)
-    rep = leaderboard_report(arch, args.quant or traits(engine).leaderboard_quant,
+    rep = leaderboard_report(arch, args.quant or default_format(arch, engine, traits(engine).leaderboard_quant),
                              args.ctx, engine, table=_table(args),
                              prompt_tokens=positive("--prompt", args.prompt), kv_dtype=args.kv_dtype,
                              batch=positive("--batch", args.batch))

@@ -15,9 +15,9 @@ from benchcal.reports.render import Report
 from predictor.architecture import ModelArch
 from predictor.coefficients import Coefficients
 from predictor.devices import Device
-from predictor.engines import traits
 from predictor.errors import BenchcalError
 from predictor.estimate import VERDICTS, predict
+from predictor.quants import default_format
 
 MODEL_FIELDS = ("id", "name", "params_b", "active_params_b", "architecture", "attention", "layers", "max_context")
 
@@ -33,7 +33,7 @@ def model_fields(m: ModelArch) -> dict[str, Any]:
 def _on_device(m: ModelArch, device: Device, engine: str, context: int, quant: str | None, prompt_tokens: int,
                table: Coefficients | str) -> dict[str, Any]:
     """One model's prediction on the device: format, context, verdict, memory, decode and TTFT of what runs."""
-    fmt = quant or m.weights_quant or traits(engine).default_quant
+    fmt = quant or default_format(m, engine)
     ctx = min(int(context), int(m.max_context))
     try:
         d = predict(m, device, fmt, ctx, engine, prompt_tokens=min(prompt_tokens, ctx), coefficients=table,

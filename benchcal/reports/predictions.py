@@ -33,6 +33,7 @@ from predictor.memory import tensor_parallel_refusal
 from predictor.prices import CloudOffer, cheapest_rental, cloud_offers
 from predictor.quants import (
     QuantFormat,
+    default_format,
     normalize_engine,
     quality_tier,
     quant_formats,
@@ -596,7 +597,7 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
     With ``max_ttft_ms`` and/or ``max_tpot_ms``, also each single device's serving capacity at that latency target
     (:func:`add_serving_target_section`).
     """
-    q = resolve_quant(quant or traits(engine).leaderboard_quant, engine)
+    q = resolve_quant(quant or default_format(arch, engine, traits(engine).leaderboard_quant), engine)
     devs = [d for d in load_devices() if engine in d.engines and d.kind != "cpu"]
     require_bits(q, known_weights_bytes(arch, q, engine)[0])
     candidates = []  # (device, count, values)
