@@ -19,7 +19,6 @@ class EngineTraits:
     name: str
     default_quant: str  # weights format when none is given (a GGUF's own type wins)
     default_kv_dtype: str
-    leaderboard_quant: str  # the format a hardware leaderboard compares devices in
     gguf: bool  # loads GGUF files: llama-quantize tensor plans, MXFP4 experts kept in F16/BF16 files
     host_embedding: bool  # keeps the input embedding of an untied model in host memory
     layer_offload: bool  # offloads whole layers to the host, each with its KV cache
@@ -39,12 +38,12 @@ class EngineTraits:
 
 TRAITS: dict[str, EngineTraits] = {
     "llama.cpp": EngineTraits(
-        name="llama.cpp", default_quant="Q4_K_M", default_kv_dtype="f16", leaderboard_quant="Q4_K_M", gguf=True,
+        name="llama.cpp", default_quant="Q4_K_M", default_kv_dtype="f16", gguf=True,
         host_embedding=True, layer_offload=True, tensor_parallel=False, pcie_streamed_offload=False,
         cpu_kernel_paths=True, attention_through_memory=True, kv_block_tokens=1, fp16_accumulate=True,
         profiled_runtime=False, versioned_by="build", server_batches=False, quantized_v_needs_flash_attn=True),
     "vllm": EngineTraits(
-        name="vllm", default_quant="BF16", default_kv_dtype="bf16", leaderboard_quant="AWQ", gguf=False,
+        name="vllm", default_quant="BF16", default_kv_dtype="bf16", gguf=False,
         host_embedding=False, layer_offload=False, tensor_parallel=True, pcie_streamed_offload=True,
         cpu_kernel_paths=False, attention_through_memory=False, kv_block_tokens=16, fp16_accumulate=False,
         profiled_runtime=True, versioned_by="version", server_batches=True),

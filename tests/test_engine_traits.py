@@ -23,7 +23,6 @@ def test_every_module_reads_the_one_engine_set():
         t = traits(engine)
         assert t.name == engine and t.versioned_by in ("build", "version") and t.kv_block_tokens >= 1
         assert quants.resolve_quant(t.default_quant, engine).supports(engine)
-        assert quants.resolve_quant(t.leaderboard_quant, engine).supports(engine)
         quants.resolve_kv_dtype(t.default_kv_dtype, engine)
     with pytest.raises(BenchcalError):
         traits("sglang")

@@ -34,3 +34,12 @@ def test_every_command_that_picks_a_format_picks_the_same_one(capsys):
     for argv in (["predict", "--gpu", "rtx-4090"], ["leaderboard"], ["recommend"], ["cost", "--gpu", "rtx-4090"]):
         assert main([*argv, "--model", "gpt-oss-20b", "--format", "json"]) == 0
         assert json.loads(capsys.readouterr().out)["quant"] == "MXFP4", argv[0]
+
+
+def test_vllm_takes_the_same_default_format_in_predict_and_the_leaderboard(capsys):
+    # a BF16 release: BF16 in predict, leaderboard, recommend and cost alike (the leaderboard once took AWQ)
+    from benchcal.cli import main
+
+    for argv in (["predict", "--gpu", "h100-sxm"], ["leaderboard"], ["recommend"], ["cost", "--gpu", "h100-sxm"]):
+        assert main([*argv, "--model", "llama-3.1-8b", "--engine", "vllm", "--format", "json"]) == 0
+        assert json.loads(capsys.readouterr().out)["quant"] == "BF16", argv[0]

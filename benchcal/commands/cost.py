@@ -9,7 +9,6 @@ from benchcal.commands.predict import _table, emit
 from benchcal.reports.cost import cost_report
 from benchcal.reports.render import FORMATS, render
 from predictor.devices import resolve_device
-from predictor.engines import traits
 from predictor.errors import BenchcalError
 from predictor.models import resolve_model
 from predictor.quants import default_format, normalize_engine
@@ -28,7 +27,7 @@ def cmd_cost(args) -> int:
         if args.gpu.strip().lower() == "cpu":
             raise BenchcalError("--gpu cpu: costs are per rented or bought GPU; give a device id (l4, h100-sxm)")
         device = resolve_device(args.gpu)
-    rep = cost_report(arch, args.quant or default_format(arch, engine, traits(engine).leaderboard_quant), args.ctx, engine, table=_table(args),
+    rep = cost_report(arch, args.quant or default_format(arch, engine), args.ctx, engine, table=_table(args),
                       device=device, concurrency=args.concurrency, output_tokens=args.output_tokens,
                       prompt_tokens=args.prompt, hours_per_day=args.hours_per_day, usd_per_kwh=args.usd_per_kwh,
                       input_tokens_per_output=args.input_per_output)
@@ -46,7 +45,7 @@ def register(sub) -> None:
     p.add_argument("--gpu", default=None, help="device to cost in detail (rent vs buy); without it, the cloud "
                    "comparison only")
     p.add_argument("--quant", default=None, help="weights format (default: the format the release ships in where the engine "
-                   "runs it, gpt-oss's MXFP4; else Q4_K_M for llama.cpp, AWQ for vLLM)")
+                   "runs it, gpt-oss's MXFP4; else Q4_K_M for llama.cpp, BF16 for vLLM)")
     p.add_argument("--ctx", type=positive_int, default=8192, help="context length in tokens (default 8192)")
     p.add_argument("--engine", default="llama.cpp", help="llama.cpp or vllm (default llama.cpp)")
     p.add_argument("--prompt", type=positive_int, default=1024, help="prompt tokens per request (default 1024)")

@@ -30,7 +30,6 @@ from benchcal.reports.predictions import (
 from benchcal.reports.render import FORMATS, render
 from predictor.coefficients import Coefficients, default_coefficients, load_coefficients
 from predictor.devices import Device, load_devices, resolve_device
-from predictor.engines import traits
 from predictor.eras import era_for_build
 from predictor.errors import BenchcalError, positive
 from predictor.estimate import predict_scenario
@@ -49,7 +48,7 @@ def _add_common(p: argparse.ArgumentParser, *, gpu: bool = True, quant: bool = T
     if quant:
         p.add_argument("--quant", default=None, help="Q4_K_M, Q8_0, F16, BF16, FP8, AWQ, ... (default: the GGUF's "
                        "own, else the format the release ships in where the engine runs it (gpt-oss: MXFP4), else "
-                       "Q4_K_M for llama.cpp / BF16 for vLLM; leaderboard, recommend and cost: AWQ for vLLM)")
+                       "Q4_K_M for llama.cpp / BF16 for vLLM, in every command)")
     if ctx:
         p.add_argument("--ctx", type=positive_int, default=8192, help="context length in tokens (default 8192)")
     p.add_argument("--engine", default="llama.cpp", help="llama.cpp or vllm (default llama.cpp)")
@@ -159,7 +158,7 @@ def cmd_predict(args) -> int:
 def cmd_leaderboard(args) -> int:
     engine = normalize_engine(args.engine)
     arch = require_context(resolve_model(args.model), args.ctx)
-    rep = leaderboard_report(arch, args.quant or default_format(arch, engine, traits(engine).leaderboard_quant),
+    rep = leaderboard_report(arch, args.quant or default_format(arch, engine),
                              args.ctx, engine, table=_table(args),
                              prompt_tokens=positive("--prompt", args.prompt), kv_dtype=args.kv_dtype,
                              batch=positive("--batch", args.batch))

@@ -597,7 +597,7 @@ def recommend_report(arch: ModelArch, context: int, quant: str | None = None, en
     With ``max_ttft_ms`` and/or ``max_tpot_ms``, also each single device's serving capacity at that latency target
     (:func:`add_serving_target_section`).
     """
-    q = resolve_quant(quant or default_format(arch, engine, traits(engine).leaderboard_quant), engine)
+    q = resolve_quant(quant or default_format(arch, engine), engine)
     devs = [d for d in load_devices() if engine in d.engines and d.kind != "cpu"]
     require_bits(q, known_weights_bytes(arch, q, engine)[0])
     candidates = []  # (device, count, values)
