@@ -140,11 +140,13 @@ def vllm_command(est: Estimate, vllm_est: Estimate | None) -> str:
         return f"# vLLM refuses --tensor-parallel-size {e.device_count} here: {refusal}"
     repo = m.hf_id or (m.source if m.source and not m.source.endswith(".gguf") else m.id)
     quant = e.quant.id
+    unrecorded = False
     if quant in ("AWQ", "GPTQ") and m.hf_id:
         # Qwen publishes its own quantized checkpoints (<model>-AWQ, <model>-GPTQ-Int4); for other models none is
-        # recorded, and the command says what to serve rather than guess a repository
-        repo = (f"{m.hf_id}-{'AWQ' if quant == 'AWQ' else 'GPTQ-Int4'}" if m.hf_id.startswith(GGUF_PUBLISHERS)
-                else f"<a {quant} checkpoint of {m.hf_id}>")
+        # recorded, and the line says what to serve rather than guess a repository: a comment, not a command
+        unrecorded = not m.hf_id.startswith(GGUF_PUBLISHERS)
+        repo = (f"<a {quant} checkpoint of {m.hf_id}>" if unrecorded
+                else f"{m.hf_id}-{'AWQ' if quant == 'AWQ' else 'GPTQ-Int4'}")
     parts = [f"vllm serve {repo}", f"--max-model-len {e.context}"]
     rs = _long_context(e)
     if rs is not None:  # the card's rope_scaling block, as vLLM's --hf-overrides takes a config change
@@ -170,6 +172,8 @@ def vllm_command(est: Estimate, vllm_est: Estimate | None) -> str:
         parts.append(f"--cpu-offload-gb {math.ceil(over / 1e9)}")
     if e.offload_fraction > 0:
         parts.append(f"--cpu-offload-gb {math.ceil(e.offload_fraction * e.values['weights_total_bytes'] / 1e9)}")
+    if unrecorded:  # nothing to copy and run: no repository of that format is recorded for the model
+        return f"# {' '.join(parts)}  (no {quant} checkpoint of {m.hf_id} is recorded: put the one you serve in its place)"
     return " ".join(parts)
 
 
