@@ -157,4 +157,5 @@ def resolve_model(spec: str) -> ModelArch:
         raise BenchcalError(f"model path '{spec}' does not exist")
     candidates = model_ids() + [e["hf_id"] for e in load_catalogue_entries() if e.get("hf_id")]
     hint = suggest(normalize_model_name(spec), model_ids()) or suggest(spec, candidates)
-    raise BenchcalError(f"unknown model '{spec}'{hint}")
+    raise BenchcalError(f"unknown model '{spec}'{hint}; a model outside the catalogue works from its config.json, "
+                        "its Hugging Face folder or a .gguf file: pass the path")

@@ -103,6 +103,8 @@ def test_normalized_names_are_unique_across_the_catalogue():
 def test_unknown_model_raises_with_a_suggestion():
     with pytest.raises(BenchcalError, match=r"unknown model 'qwen9-72b' \(did you mean: .*qwen2\.5-72b"):
         resolve_model("qwen9-72b")
+    with pytest.raises(BenchcalError, match=r"works from its config\.json, its Hugging Face folder or a \.gguf file"):
+        resolve_model("mistral-nemo")  # not in the catalogue: the message says a path works
 
 
 def test_nonexistent_path_raises():
