@@ -14,13 +14,15 @@ class BenchcalError(Exception):
 
 
 def suggest(name: str, candidates: Iterable[str], n: int = 3) -> str:
-    """Return ' (did you mean: a, b?)' for close matches of ``name``, or '': the candidates that hold it whole
-    first, shortest first (``3090`` -> rtx-3090, ``m3-max`` -> the M3 Max machines), then spelling neighbours."""
+    """Return ' (did you mean: a, b?)' for close matches of ``name``, or '': the candidates that hold it whole,
+    shortest first (``3090`` -> rtx-3090, rtx-3090-ti; ``m3-max`` -> the M3 Max machines), else spelling neighbours
+    (a neighbour beside a candidate that holds the name, ``b300`` for ``3090``, would only mislead)."""
     pool = list(dict.fromkeys(candidates))
     lowered = {c.lower(): c for c in pool}
     wanted = name.lower().strip()
     close = sorted((c for c in lowered if wanted and wanted in c), key=lambda c: (len(c), c))[:n]
-    close += [c for c in difflib.get_close_matches(wanted, list(lowered), n=n, cutoff=0.5) if c not in close]
+    if not close:
+        close = difflib.get_close_matches(wanted, list(lowered), n=n, cutoff=0.5)
     close = close[:n]
     if not close:
         return ""

@@ -279,7 +279,7 @@ def test_a_number_or_a_chip_suggests_the_devices_that_hold_it_first():
     from predictor.devices import resolve_device
     from predictor.errors import BenchcalError
 
-    with pytest.raises(BenchcalError, match=r"did you mean: rtx-3090, rtx-3090-ti"):
+    with pytest.raises(BenchcalError, match=r"did you mean: rtx-3090, rtx-3090-ti\?\)"):  # not b300 beside them
         resolve_device("3090")
-    with pytest.raises(BenchcalError, match=r"did you mean: macbook-pro-m3-max-64gb, macbook-pro-m3-max-128gb"):
+    with pytest.raises(BenchcalError, match=r"did you mean: macbook-pro-m3-max-64gb, macbook-pro-m3-max-128gb\?\)"):
         resolve_device("m3-max")
