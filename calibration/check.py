@@ -196,6 +196,7 @@ def held_out_gate(dataset: Dataset, thresholds: Thresholds, failures: list[str])
     ``held_out_<quantity>_mape`` (llama.cpp's); its key is the quantity for the latter and ``<engine> <quantity>``
     for the former. A failure is appended where a pooled MAPE exceeds its limit (the folds are printed, not gated)."""
     from calibration.crossval import (
+        derive_column,
         error_metrics,
         held_out_folds,
         leave_one_backend_out,
@@ -214,6 +215,9 @@ def held_out_gate(dataset: Dataset, thresholds: Thresholds, failures: list[str])
         # beside: each backend, and dense / MoE, held out as a whole (printed, not gated)
         others = {name: held_out_folds(dataset, _only(dataset, by_column[column], engine), column=column)
                   for name, column in (("backend", "backend_resolved"), ("class", "arch_class"))}
+        # the by-source predictions of prompts after cached tokens apart from those from an empty cache (printed)
+        derive_column(dataset, "depth_class")
+        depth = held_out_folds(dataset, mine, ("prefill",), column="depth_class")
         for q in ("decode", "prefill"):
             stats = imported.get(q) or {}
             if not stats.get("n"):
@@ -224,6 +228,10 @@ def held_out_gate(dataset: Dataset, thresholds: Thresholds, failures: list[str])
             by = {name: {"folds": found[q]["folds"], "worst_ratio": found[q]["worst_ratio"],
                          "beyond_2x": found[q]["beyond_2x"]} for name, found in others.items()
                   if any(f["n"] for f in found[q]["folds"].values())}
+            if q == "prefill" and any(f["n"] for f in depth["prefill"]["folds"].values()):
+                by["source, by cache depth"] = {"folds": depth["prefill"]["folds"],
+                                                "worst_ratio": depth["prefill"]["worst_ratio"],
+                                                "beyond_2x": depth["prefill"]["beyond_2x"]}
             out[key] = {"engine": engine, "quantity": q, "mape": stats["mape"], "p90": stats["p90"], "n": stats["n"],
                         "limit": limit, **folds[q], "by": by}
             if stats["mape"] > limit:

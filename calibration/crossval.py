@@ -115,9 +115,10 @@ def leave_one_source_out(dataset: Dataset, prior: Coefficients | None = None) ->
     return _holdout_predictions(dataset, "source_set", prior)
 
 
-def _derive(dataset: Dataset, column: str) -> None:
-    """Add ``backend_resolved`` (:func:`calibration.dataset.run_backend`; "" for vLLM) or ``arch_class`` (``dense`` /
-    ``moe`` from the catalogue model; "" for a model it does not know) to every block's ``meta``, once."""
+def derive_column(dataset: Dataset, column: str) -> None:
+    """Add ``backend_resolved`` (:func:`calibration.dataset.run_backend`; "" for vLLM), ``arch_class`` (``dense`` /
+    ``moe`` from the catalogue model; "" for a model it does not know) or ``depth_class`` (``at depth`` for a prompt
+    after cached tokens, else ``empty cache``) to every block's ``meta``, once."""
     from calibration.dataset import run_backend
     from predictor.models import resolve_model
 
@@ -136,19 +137,22 @@ def _derive(dataset: Dataset, column: str) -> None:
             continue
         if column == "backend_resolved":
             block.meta[column] = [run_backend(row) or "" for _, row in block.meta.iterrows()]
+        elif column == "depth_class":  # a prompt after cached tokens (llama-bench -d) or from an empty cache
+            depth = block.meta["prompt_depth"] if "prompt_depth" in block.meta else [0] * len(block.meta)
+            block.meta[column] = ["at depth" if float(d or 0) > 0 else "empty cache" for d in depth]
         else:
             block.meta[column] = [arch_class(m) for m in block.meta["model"]]
 
 
 def leave_one_backend_out(dataset: Dataset, prior: Coefficients | None = None) -> dict[str, np.ndarray]:
     """Each llama.cpp backend (CUDA, Metal, ROCm, Vulkan, CPU) held out as a whole: a backend nobody measured."""
-    _derive(dataset, "backend_resolved")
+    derive_column(dataset, "backend_resolved")
     return _holdout_predictions(dataset, "backend_resolved", prior)
 
 
 def leave_one_class_out(dataset: Dataset, prior: Coefficients | None = None) -> dict[str, np.ndarray]:
     """Dense models, then mixtures of experts, held out as a whole."""
-    _derive(dataset, "arch_class")
+    derive_column(dataset, "arch_class")
     return _holdout_predictions(dataset, "arch_class", prior)
 
 

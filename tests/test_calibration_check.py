@@ -119,6 +119,9 @@ def test_the_held_out_gate_refits_without_each_public_source(tmp_path, capsys):
     assert any(line.startswith("    decode worst row ") and "more than 2x off" in line for line in out.splitlines())
     left = next(line for line in out.splitlines() if line.startswith("    prefill rows left out of the score: "))
     assert "mixture-of-experts prefill: " in left and "llama-perplexity" in left
+    # the by-source prefill errors of prompts after cached tokens apart from those from an empty cache
+    depth = next(line for line in out.splitlines() if line.startswith("    prefill held out by source, by cache depth: "))
+    assert "at depth " in depth and "empty cache " in depth
     # vLLM's batch-1 decode on GPUs, held out apart from llama.cpp's, against its own limit (15%)
     vllm = next(line for line in out.splitlines() if "vllm public results held out by source: decode" in line)
     assert float(vllm.split("decode ")[1].split("%")[0]) <= 15.0 and "limit 15%" in vllm
