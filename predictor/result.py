@@ -132,7 +132,8 @@ class Estimate:
                 "verdict": self.verdict,
                 "headroom_gib": _r(v["headroom_bytes"] / GIB),
                 "utilization": round(float(v["utilization"]), 4),
-                "max_context": int(v["max_context"]),
+                # null, not 0, where no context fits on the device (as the leaderboard's rows say it)
+                "max_context": int(v["max_context"]) if v["max_context"] > 0 else None,
                 "max_gpu_layers": int(v["max_gpu_layers"]),
                 "recommended_offload_gib": _r(v.get("recommended_offload_bytes", 0.0) / GIB),
             },

@@ -41,6 +41,9 @@ def test_qwen72b_q4km_8k_fits_an_h200():
     est = predict("qwen2.5-72b", "h200", "Q4_K_M", 8192, coefficients=None)
     assert est.verdict == "fits"
     assert est.to_dict()["fit"]["max_context"] == est.model.max_context
+    # where no context fits on the device: null, not 0 (a 70B model on a 12 GB card)
+    small = predict("llama-3.1-70b", "rtx-3060-12gb", "Q4_K_M", 4096)
+    assert small.values["max_context"] == 0 and small.to_dict()["fit"]["max_context"] is None
 
 
 def test_kv_cache_in_the_breakdown_is_exact_for_qwen72b():
