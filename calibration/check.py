@@ -207,6 +207,7 @@ def held_out_gate(dataset: Dataset, thresholds: Thresholds, failures: list[str])
     predictions = leave_one_source_out(dataset)
     by_column = {column: how(dataset) for how, column in ((leave_one_backend_out, "backend_resolved"),
                                                           (leave_one_class_out, "arch_class"))}
+    derive_column(dataset, "depth_class")
     out: dict[str, Any] = {}
     for engine in dataset.engines():
         mine = _only(dataset, predictions, engine)
@@ -215,9 +216,8 @@ def held_out_gate(dataset: Dataset, thresholds: Thresholds, failures: list[str])
         # beside: each backend, and dense / MoE, held out as a whole (printed, not gated)
         others = {name: held_out_folds(dataset, _only(dataset, by_column[column], engine), column=column)
                   for name, column in (("backend", "backend_resolved"), ("class", "arch_class"))}
-        # the by-source predictions of prompts after cached tokens apart from those from an empty cache (printed)
-        derive_column(dataset, "depth_class")
-        depth = held_out_folds(dataset, mine, ("prefill",), column="depth_class")
+        # beside too: the by-source predictions of prompts after cached tokens apart from those from an empty cache
+        others["source, by cache depth"] = held_out_folds(dataset, mine, ("prefill",), column="depth_class")
         for q in ("decode", "prefill"):
             stats = imported.get(q) or {}
             if not stats.get("n"):
@@ -227,11 +227,7 @@ def held_out_gate(dataset: Dataset, thresholds: Thresholds, failures: list[str])
             key = f"{engine} {q}" if own in thresholds.limits else q
             by = {name: {"folds": found[q]["folds"], "worst_ratio": found[q]["worst_ratio"],
                          "beyond_2x": found[q]["beyond_2x"]} for name, found in others.items()
-                  if any(f["n"] for f in found[q]["folds"].values())}
-            if q == "prefill" and any(f["n"] for f in depth["prefill"]["folds"].values()):
-                by["source, by cache depth"] = {"folds": depth["prefill"]["folds"],
-                                                "worst_ratio": depth["prefill"]["worst_ratio"],
-                                                "beyond_2x": depth["prefill"]["beyond_2x"]}
+                  if q in found and any(f["n"] for f in found[q]["folds"].values())}
             out[key] = {"engine": engine, "quantity": q, "mape": stats["mape"], "p90": stats["p90"], "n": stats["n"],
                         "limit": limit, **folds[q], "by": by}
             if stats["mape"] > limit:

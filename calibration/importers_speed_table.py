@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from calibration.importers import read_result_file, store_new_records
+from calibration.importers import mean_summary, read_result_file, store_new_records
 from harness import records
 from predictor.devices import resolve_device
 from predictor.errors import BenchcalError
@@ -102,11 +102,9 @@ def speed_record(row: dict[str, Any], *, model: str, device: str, quant: str, ve
         "engine_options": {"gpu_memory_utilization": gpu_memory_utilization, "max_model_len": int(max_model_len),
                            "enforce_eager": False},
     }
-    rate = float(row["speed"])
     decode = {"gen_tokens": int(output_len), "context_at_start": int(row["input_len"]),
-              "decode_tok_s": {"samples": [], "median": rate, "mean": rate, "stddev": None, "p10": None, "p90": None,
-                               "n": 1, "statistic": f"the table's speed: {output_len} generated tokens over the whole "
-                                                    "generate() call, the prompt's prefill included"}}
+              "decode_tok_s": mean_summary(float(row["speed"]), None, 1, f"the table's speed: {output_len} generated "
+                                           "tokens over the whole generate() call, the prompt's prefill included")}
     provenance = {
         "source": "imported", "imported_from": file_name, "import_format": "vendor speed table (vLLM)",
         "source_url": source_url, "import_key": import_key, "engine_version": f"vllm {version}",

@@ -64,6 +64,7 @@ def evidence_level(cset: CoefficientSet, table: Coefficients, engine: str, devic
     family_pairs = table.evidence(engine, cset.scope[7:], "families") if cset.scope.startswith("family:") else []
     fam = format_family(quant)
     backends = {b for b, _ in pairs}
+    prior_backend = _prior_backend(table, engine, kind)
     if cset.status == "default":
         level, basis = "extrapolated", f"uncalibrated {engine} defaults: no {engine} run in the table describes it"
     elif cset.scope.startswith("device:") and not _identifies(table, engine, device_id):
@@ -85,17 +86,16 @@ def evidence_level(cset: CoefficientSet, table: Coefficients, engine: str, devic
         level, basis = "family", f"{engine} runs of the {cset.scope[7:]} family{_on(backend)}, not of this device"
     elif cset.scope.startswith("family:"):
         level, basis = "extrapolated", f"{engine} runs of the {cset.scope[7:]} family, none{_on(backend)}"
-    elif cset.scope.startswith("prior:") and (backend is None or backend == _prior_backend(table, engine, kind) or (
-            _prior_backend(table, engine, kind) is None and backend in {b for b, _ in table.evidence(engine, kind, "kinds")})):
+    elif cset.scope.startswith("prior:") and (backend is None or backend == prior_backend or (
+            prior_backend is None and backend in {b for b, _ in table.evidence(engine, kind, "kinds")})):
         level, basis = "prior", ("the physics prior (memory type, FLOPS/bandwidth ratio) fitted on the measured "
                                  f"{kind} devices: no run of this device or its family")
     elif cset.scope.startswith("prior:"):
         level, basis = "extrapolated", (f"the physics prior, fitted on {kind} devices of other backends: no {kind} "
                                         f"device measured on {backend}")
-    elif backend is not None and _prior_backend(table, engine, kind) not in (None, backend):
+    elif backend is not None and prior_backend not in (None, backend):
         level, basis = "extrapolated", (f"the {engine} average over the measured devices: the physics prior of {kind} "
-                                        f"devices describes {_prior_backend(table, engine, kind)}'s kernels, not "
-                                        f"{backend}'s")
+                                        f"devices describes {prior_backend}'s kernels, not {backend}'s")
     elif table.evidence(engine, kind, "kinds"):
         level, basis = "extrapolated", (f"the {engine} average over the measured devices: {kind} devices were "
                                         "measured, but no run of this device or its family, and no physics prior")
